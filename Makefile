@@ -1,0 +1,46 @@
+# teamserve — the two commands are `make demo` and `make test` (README.md).
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export TESTBED_CACHE ?= /var/cache/teamserve-testbed
+MOLECULE_SCENARIOS ?= default
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt pyproject.toml requirements.yml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/python tests/check_collections.py requirements.yml
+	touch $@
+
+venv: $(VENV)/.installed ## Create the Python venv (pinned requirements, the planner, the collections)
+
+testbed: venv ## Build or reuse the local testbed (Docker engine, images, stand-in repos, registry)
+	tests/testbed/up.sh
+
+demo: testbed ## Provision a testbed box with site.yml and print the gateway URL, a key, the plan and the cold start
+	molecule converge -s default
+	tests/testbed/report.sh
+
+lint: venv ## yamllint and ansible-lint (production profile)
+	yamllint --strict .
+	ansible-lint --profile production
+
+unit: venv ## Unit tests: the capacity planner and the roles' Python code
+	pytest -q tests/capacity tests/unit
+
+molecule: testbed ## Molecule scenarios (MOLECULE_SCENARIOS="default ...")
+	for s in $(MOLECULE_SCENARIOS); do molecule test -s $$s; done
+
+test: lint unit molecule ## Every test: lint, unit, then the molecule scenarios on the testbed
+
+clean: ## Destroy the testbed boxes (the caches stay)
+	-molecule destroy -s default
+
+.PHONY: help venv testbed demo lint unit molecule test clean

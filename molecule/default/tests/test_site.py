@@ -1,0 +1,138 @@
+"""End-to-end checks of site.yml on the testbed box: the real vLLM CPU engine behind the real Caddy.
+
+Traffic goes only to the testbed's own containers (docs/contracts.md): the box (10.231.0.10 on the LAN,
+10.232.0.10 outside), the LAN client and the outside client. Every request loop is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+import testinfra
+
+testinfra_hosts = ["ansible://teamserve-box"]
+
+BOX_LAN = "10.231.0.10"
+BOX_WAN = "10.232.0.10"
+LAN_CLIENT = testinfra.get_host("docker://teamserve-lan-client")
+WAN_CLIENT = testinfra.get_host("docker://teamserve-wan-client")
+
+
+def gateway_url(testbed_vars: dict, address: str = BOX_LAN) -> str:
+    return f"{testbed_vars['teamserve_gateway_scheme']}://{address}:{testbed_vars['caddy_listen_port']}"
+
+
+def curl_status(client, url: str, key: str | None = None) -> str:
+    """HTTP status seen from a client container ('000' when nothing answers within 5 s)."""
+    header = f"-H 'Authorization: Bearer {key}'" if key else ""
+    out = client.run(f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time 5 {header} {url}")
+    return out.stdout.strip()
+
+
+def engine_container(host) -> dict:
+    return json.loads(host.check_output("docker inspect vllm"))[0]
+
+
+def test_services_are_active(host):
+    for unit in ("docker", "caddy", "nftables"):
+        assert host.service(unit).is_running, unit
+        assert host.service(unit).is_enabled, unit
+
+
+def test_engine_runs_with_the_planned_argv(host, testbed_vars):
+    """The container's argv is exactly what the capacity planner computes from the inventory and the GPU."""
+    from teamserve_capacity.ansible_api import plan as planner_plan  # the filter's own entry point
+
+    gpu_csv = host.check_output(
+        "nvidia-smi --query-gpu=index,name,memory.total,compute_cap,driver_version --format=csv,noheader,nounits"
+    )
+    index, name, memory, cc, driver = [f.strip() for f in gpu_csv.splitlines()[0].split(",")]
+    gpus = [{"index": int(index), "name": name, "memory_total_mib": int(memory), "compute_cap": cc,
+             "driver_version": driver}]
+    engine = dict(testbed_vars.get("vllm_engine", {}))
+    engine.setdefault("vllm_version", "0.32.0")
+    plan = planner_plan(testbed_vars["vllm_model"], testbed_vars["vllm_workload"], gpus, engine)
+    container = engine_container(host)
+    args = container["Args"]
+    assert container["State"]["Running"]
+    assert args[0] == testbed_vars["vllm_model"]["name"]
+    for flag in ("max-model-len", "max-num-seqs", "gpu-memory-utilization"):
+        position = args.index(f"--{flag}")
+        assert args[position + 1] == str(plan["flags"][flag]), flag
+    assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
+    assert args[args.index("--served-model-name") + 1] == testbed_vars["vllm_model"]["served_model_name"]
+
+
+def test_engine_is_published_on_loopback_only(host):
+    bindings = engine_container(host)["HostConfig"]["PortBindings"]["8000/tcp"]
+    assert [b["HostIp"] for b in bindings] == ["127.0.0.1"]
+    env = engine_container(host)["Config"]["Env"]
+    assert "HF_HUB_OFFLINE=1" in env
+
+
+def test_engine_answers_on_loopback_with_its_own_key_only(host, vault):
+    assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/v1/models") == "401"
+    status = host.check_output(
+        "curl -s -o /dev/null -w '%%{http_code}' -H 'Authorization: Bearer %s' http://127.0.0.1:8000/v1/models",
+        vault["vault_vllm_api_key"],
+    )
+    assert status == "200"
+
+
+def test_gateway_refuses_missing_and_unknown_keys(testbed_vars):
+    url = gateway_url(testbed_vars) + "/v1/models"
+    assert curl_status(LAN_CLIENT, url) == "401"
+    assert curl_status(LAN_CLIENT, url, key="sk-ts-" + "0" * 48) == "401"
+
+
+def test_streamed_chat_through_the_gateway_with_the_openai_sdk(testbed_vars, keys, gateway_verify):
+    client = openai.OpenAI(base_url=gateway_url(testbed_vars) + "/v1", api_key=keys["alice"],
+                           http_client=httpx.Client(verify=gateway_verify), max_retries=0, timeout=60)
+    arrivals = []
+    stream = client.chat.completions.create(
+        model=testbed_vars["vllm_model"]["served_model_name"],
+        messages=[{"role": "user", "content": "Count from one to twenty."}],
+        max_tokens=32, stream=True,
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic())
+    assert len(arrivals) >= 5, "tokens did not stream"
+    assert arrivals[-1] - arrivals[0] > 0, "all tokens arrived in one buffered burst"
+
+
+def test_rate_limit_is_per_user(testbed_vars, keys, gateway_verify):
+    """Exhaust carol's small limit: she gets 429 with Retry-After and an OpenAI error; bob is unaffected."""
+    url = gateway_url(testbed_vars) + "/v1/models"
+    limit = next(u for u in testbed_vars["caddy_users"] if u["name"] == "carol")["rate_limit"]["events"]
+    carol = {"Authorization": f"Bearer {keys['carol']}"}
+    with httpx.Client(verify=gateway_verify, timeout=10) as http:
+        statuses = [http.get(url, headers=carol).status_code for _ in range(limit + 1)]
+        assert 429 in statuses, statuses
+        refused = http.get(url, headers=carol)
+        assert refused.status_code == 429
+        assert int(refused.headers["Retry-After"]) > 0
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert http.get(url, headers={"Authorization": f"Bearer {keys['bob']}"}).status_code == 200
+
+
+def test_engine_port_unreachable_from_the_lan(testbed_vars):
+    assert curl_status(LAN_CLIENT, f"http://{BOX_LAN}:8000/health") == "000"
+
+
+def test_gateway_unreachable_from_outside(testbed_vars):
+    assert curl_status(WAN_CLIENT, gateway_url(testbed_vars, BOX_WAN) + "/v1/models") == "000"
+    assert curl_status(WAN_CLIENT, f"http://{BOX_WAN}:8000/health") == "000"
+
+
+def test_cold_start_recorded(host):
+    lines = host.file("/var/lib/teamserve/cold-start.jsonl").content_string.strip().splitlines()
+    records = [json.loads(line) for line in lines]
+    deploy = [r for r in records if r["trigger"] == "deploy"]
+    restart = [r for r in records if r["trigger"] == "restart"]
+    assert deploy and float(deploy[-1]["seconds_to_health"]) > 0
+    assert restart and 0 < float(restart[-1]["seconds_to_health"]) < float(restart[-1]["seconds_to_first_token"])

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Print what a new user of the testbed needs: the gateway URL, a demo user's key, the capacity plan and
+# the measured cold start (read from the box; nothing is re-measured), and a curl command to try.
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+export ANSIBLE_VAULT_PASSWORD_FILE="$TESTBED_CACHE/vault-pass"
+ANSIBLE_STDOUT_CALLBACK=ansible.builtin.minimal ANSIBLE_CALLBACKS_ENABLED= \
+  .venv/bin/ansible-playbook -i inventories/testbed playbooks/cold_start.yml |
+  sed -n '/teamserve on/,/^\s*\]/p' | sed -E 's/^\s*"(.*)",?$/\1/; /^\s*\]/d'
+key=$(.venv/bin/ansible-vault view inventories/testbed/group_vars/teamserve/vault.yml |
+      .venv/bin/python -c 'import sys,yaml; print(yaml.safe_load(sys.stdin)["vault_caddy_user_keys"]["alice"])')
+url=$(.venv/bin/python -c 'import yaml; v=yaml.safe_load(open("inventories/testbed/group_vars/teamserve/main.yml")); print(f"{v[\"teamserve_gateway_scheme\"]}://10.231.0.10:{v[\"caddy_listen_port\"]}")')
+cat <<TXT
+
+Gateway URL:  $url/v1
+Demo user:    alice
+Key:          $key
+Try it:
+  curl -N $url/v1/chat/completions \\
+    -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \\
+    -d '{"model": "tiny", "stream": true, "max_tokens": 32, "messages": [{"role": "user", "content": "Hello"}]}'
+TXT

@@ -1,0 +1,83 @@
+"""The vllm role's argv rendering and image-pin checks (roles/vllm/filter_plugins/vllm_argv.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+ROLE = pathlib.Path(__file__).resolve().parents[2] / "roles" / "vllm"
+_spec = importlib.util.spec_from_file_location("vllm_argv", ROLE / "filter_plugins" / "vllm_argv.py")
+vllm_argv = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vllm_argv)
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def snapshot() -> dict:
+    """The committed parser snapshot of the pinned vLLM version (generated from the real package)."""
+    return json.loads((ROLE / "files" / "vllm-serve-options-0.32.0.json").read_text())
+
+
+def test_renders_one_token_per_element(snapshot):
+    argv = vllm_argv.vllm_serve_argv(
+        {"max-model-len": 8192, "max-num-seqs": 16, "gpu-memory-utilization": 0.9,
+         "enable-prefix-caching": True, "quantization": None},
+        "org/model-8b-instruct", snapshot)
+    assert argv == ["org/model-8b-instruct", "--max-model-len", "8192", "--max-num-seqs", "16",
+                    "--gpu-memory-utilization", "0.9", "--enable-prefix-caching"]
+
+
+def test_false_renders_the_negated_switch(snapshot):
+    argv = vllm_argv.vllm_serve_argv({"enable-prefix-caching": False}, "m", snapshot)
+    assert argv == ["m", "--no-enable-prefix-caching"]
+
+
+def test_misspelled_flag_is_refused_with_its_name(snapshot):
+    with pytest.raises(AnsibleFilterError, match="'--max-num-seq' is not an option of 'vllm serve' in vLLM 0.32.0"):
+        vllm_argv.vllm_serve_argv({"max-num-seq": 16}, "m", snapshot)
+
+
+def test_removed_flag_is_refused(snapshot):
+    """A flag the pinned version no longer has (removed from the snapshot here) fails before deploy."""
+    trimmed = dict(snapshot)
+    trimmed["options"] = [o for o in snapshot["options"] if "--max-num-seqs" not in o["flags"]]
+    with pytest.raises(AnsibleFilterError, match="--max-num-seqs"):
+        vllm_argv.vllm_serve_argv({"max-num-seqs": 16}, "m", trimmed)
+
+
+def test_value_outside_choices_is_refused(snapshot):
+    with pytest.raises(AnsibleFilterError, match="kv-cache-dtype"):
+        vllm_argv.vllm_serve_argv({"kv-cache-dtype": "fp7"}, "m", snapshot)
+
+
+def test_extra_args_are_checked_too(snapshot):
+    argv = vllm_argv.vllm_serve_argv({}, "m", snapshot, ["--enforce-eager", "--seed=3"])
+    assert argv == ["m", "--enforce-eager", "--seed=3"]
+    with pytest.raises(AnsibleFilterError, match="vllm_extra_args: '--enforce-eagr'"):
+        vllm_argv.vllm_serve_argv({}, "m", snapshot, ["--enforce-eagr"])
+
+
+def test_switch_given_a_value_is_refused(snapshot):
+    with pytest.raises(AnsibleFilterError, match="takes a value"):
+        vllm_argv.vllm_serve_argv({"max-model-len": True}, "m", snapshot)
+
+
+@pytest.mark.parametrize("ref", [
+    "vllm/vllm-openai:v0.32.0",                      # no digest
+    "vllm/vllm-openai@" + DIGEST,                     # no tag
+    "vllm/vllm-openai:latest@" + DIGEST,              # latest
+    "vllm/vllm-openai:v0.32.0@sha256:abc",            # short digest
+])
+def test_unpinned_images_are_refused(ref):
+    with pytest.raises(AnsibleFilterError, match="vllm_image"):
+        vllm_argv.vllm_image_ref(ref)
+
+
+def test_pinned_image_is_split():
+    parts = vllm_argv.vllm_image_ref("10.231.0.3:5000/vllm/vllm-openai:v0.32.0@" + DIGEST)
+    assert parts == {"repository": "10.231.0.3:5000/vllm/vllm-openai", "tag": "v0.32.0", "digest": DIGEST}
