@@ -1,0 +1,57 @@
+"""Ansible filter ``teamserve_capacity_plan``: the capacity planner for the vllm role.
+
+    {{ vllm_model | teamserve_capacity_plan(vllm_workload, nvidia_driver_gpus, vllm_engine) }}
+
+Returns the planner's dict (fits, verdict, levers, table, numbers, flags,
+layers); bad input becomes an AnsibleFilterError carrying the planner's
+message, which names the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    from teamserve_capacity import PlanError, plan
+except ImportError as exc:  # pragma: no cover - depends on the controller's venv
+    _IMPORT_ERROR: Exception | None = exc
+else:
+    _IMPORT_ERROR = None
+
+
+def _plain(value: Any) -> Any:
+    """Convert Ansible's lazy/tagged containers into plain dicts, lists and scalars."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    return value
+
+
+def teamserve_capacity_plan(model: Any, workload: Any, gpus: Any, engine: Any = None) -> dict[str, Any]:
+    """Plan a vLLM deployment; see teamserve_capacity.planner.plan."""
+    if _IMPORT_ERROR is not None:
+        raise AnsibleFilterError(
+            "teamserve_capacity_plan: the teamserve_capacity package is not importable on the "
+            f"controller ({_IMPORT_ERROR}); run `.venv/bin/pip install --no-deps -e .` in the repo")
+    try:
+        return plan(_plain(model), _plain(workload), _plain(gpus), _plain(engine or {}))
+    except PlanError as err:
+        raise AnsibleFilterError(f"teamserve_capacity_plan: {err}") from err
+
+
+class FilterModule:
+    """Registers the teamserve_capacity_plan filter."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"teamserve_capacity_plan": teamserve_capacity_plan}

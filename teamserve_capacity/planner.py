@@ -1,0 +1,376 @@
+"""From a model, a workload, the GPUs and engine settings to vLLM flags and a verdict.
+
+The entry point is :func:`plan`; its inputs are the plain dicts the Ansible
+``vllm`` role passes (see docs/contracts.md), so the filter plugin and the CLI
+share every check and every number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .errors import PlanError
+from .hardware import QUANT_METHOD_FLAG, WEIGHT_FORMATS, fp8_kv_support, parse_compute_cap
+from .kv import KVLayout, cdiv, kv_layout
+from .memory import GIB, MIB, Budget, Measured, estimate_budget
+from .model import DTYPE_BYTES, ModelSpec, estimate_params, parse_config
+
+# The vLLM release whose accounting this module reproduces.
+PINNED_VLLM = "0.32.0"
+
+# --kv-cache-dtype values modelled (vLLM 0.32 vllm/config/cache.py CacheDType).
+KV_CACHE_DTYPES: dict[str, int | None] = {
+    "auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+}
+BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
+
+# vLLM 0.32 engine/arg_utils.py: the OpenAI server batches 8192 tokens per step
+# on GPUs with >= 70 GiB (2048 on smaller ones, which the planner overrides).
+DEFAULT_BATCHED_TOKENS = 8192
+# CUDA graphs are captured for batch sizes in multiples of 8 (vLLM
+# compilation config cudagraph_capture_sizes), so max-num-seqs is rounded to 8.
+SEQS_ROUNDING = 8
+# Queue cap: admit at most this many waiting requests per running slot before
+# vLLM answers 503 (--max-num-queued-reqs), so a full server says so instead of
+# queueing without bound (seeds: "decide what happens when it is full").
+QUEUE_PER_SEQ = 4
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the team asks of the server.
+
+    Attributes:
+        concurrent_sequences: sequences generating at the same time.
+        avg_context_tokens: average prompt + output tokens per sequence.
+        max_context_tokens: the longest request allowed, tokens.
+        ttft_p95_seconds: time-to-first-token target at the 95th percentile, s.
+        tpot_seconds: time-per-output-token target, s.
+    """
+
+    concurrent_sequences: int
+    avg_context_tokens: int
+    max_context_tokens: int
+    ttft_p95_seconds: float
+    tpot_seconds: float
+
+
+def _req(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+    if not isinstance(mapping, Mapping):
+        raise PlanError(where, mapping, "must be a mapping (dict)")
+    if key not in mapping or mapping[key] is None:
+        raise PlanError(f"{where}.{key}", None, "is required")
+    return mapping[key]
+
+
+def _pos_int(value: Any, field: str, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PlanError(field, value, fix)
+    return value
+
+
+def _pos_float(value: Any, field: str, fix: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise PlanError(field, value, fix)
+    return float(value)
+
+
+def parse_workload(workload: Mapping[str, Any]) -> Workload:
+    """Validate the ``vllm_workload`` dict.
+
+    Raises:
+        PlanError: a missing or non-positive field, or an average context
+            longer than the maximum.
+    """
+    w = "vllm_workload"
+    seqs = _pos_int(_req(workload, "concurrent_sequences", w), f"{w}.concurrent_sequences",
+                    "give the number of sequences generating at once, a whole number >= 1")
+    avg = _pos_int(_req(workload, "avg_context_tokens", w), f"{w}.avg_context_tokens",
+                   "give the average prompt + output tokens per sequence, >= 1")
+    mx = _pos_int(_req(workload, "max_context_tokens", w), f"{w}.max_context_tokens",
+                  "give the longest request in tokens, >= 1")
+    if avg > mx:
+        raise PlanError(f"{w}.avg_context_tokens", avg,
+                        f"cannot exceed max_context_tokens ({mx}); raise the maximum or lower the average")
+    ttft = _pos_float(workload.get("ttft_p95_seconds", 1.0), f"{w}.ttft_p95_seconds",
+                      "give the p95 time-to-first-token target in seconds, > 0 (e.g. 1.0)")
+    tpot = _pos_float(workload.get("tpot_seconds", 0.05), f"{w}.tpot_seconds",
+                      "give the time-per-output-token target in seconds, > 0 (e.g. 0.05)")
+    return Workload(seqs, avg, mx, ttft, tpot)
+
+
+def _weights_total(model: Mapping[str, Any], spec: ModelSpec, fmt: str) -> tuple[int, str]:
+    """Total weight bytes and where the number came from."""
+    if model.get("weight_bytes") is not None:
+        return _pos_int(model["weight_bytes"], "vllm_model.weight_bytes",
+                        "give the safetensors index metadata.total_size in bytes, > 0"), "given"
+    bits = WEIGHT_FORMATS[fmt][0]
+    if model.get("params") is not None:
+        params = _pos_int(model["params"], "vllm_model.params",
+                          "give the parameter count as a whole number, e.g. 8030261248")
+        return int(params * bits / 8), "params x bits"
+    return int(estimate_params(spec) * bits / 8), "estimated"
+
+
+def _max_batched_tokens(tpot_seconds: float, seqs: int) -> int:
+    """--max-num-batched-tokens: 8192, halved for tight TPOT targets.
+
+    8192 is vLLM 0.32's OpenAI-server default on >= 70 GiB GPUs
+    (engine/arg_utils.py). The planner always passes the flag, and picks it
+    from the latency target only, not from the GPU's size: a memory-dependent
+    choice made a larger GPU plan fewer sliding-window sequences (more tokens
+    in flight per request), which the property tests caught. A prefill chunk
+    shares each step with every decoding sequence, so a smaller chunk keeps
+    time-per-output-token low at the cost of time-to-first-token (vLLM docs,
+    "Optimization and tuning: chunked prefill"): targets below 50 ms halve it,
+    below 25 ms quarter it; never below max-num-seqs.
+    """
+    base = DEFAULT_BATCHED_TOKENS
+    if tpot_seconds < 0.025:
+        base //= 4
+    elif tpot_seconds < 0.05:
+        base //= 2
+    return max(base, seqs, 256)
+
+
+def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
+         gpus: Sequence[Mapping[str, Any]], engine: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Plan a vLLM deployment and say whether the workload fits.
+
+    Args:
+        model: ``{name, served_model_name, config, weight_format, weight_bytes?, params?}``.
+        workload: ``{concurrent_sequences, avg_context_tokens, max_context_tokens,
+            ttft_p95_seconds, tpot_seconds}``.
+        gpus: nvidia-smi rows ``{index, name, memory_total_mib, compute_cap, driver_version}``.
+        engine: ``{gpu_memory_utilization, kv_cache_dtype, tensor_parallel_size,
+            block_size, vllm_version, measured?}``; ``measured`` holds numbers
+            from a start-up log (see :func:`teamserve_capacity.logs.parse_startup_log`).
+    Returns:
+        ``{fits, verdict, levers, table, numbers, flags, layers}`` (see
+        docs/contracts.md); every byte count is per GPU.
+    Raises:
+        PlanError: any bad or unsupported input, before any number is produced.
+    """
+    engine = dict(engine or {})
+    w = parse_workload(workload)
+    name = str(_req(model, "name", "vllm_model"))
+    spec = parse_config(_req(model, "config", "vllm_model"))
+    fmt = _req(model, "weight_format", "vllm_model")
+    if fmt not in WEIGHT_FORMATS:
+        raise PlanError("vllm_model.weight_format", fmt,
+                        "use one of " + ", ".join(WEIGHT_FORMATS))
+
+    version = str(engine.get("vllm_version", PINNED_VLLM))
+    if version.split(".")[:2] != PINNED_VLLM.split(".")[:2]:
+        raise PlanError("vllm_engine.vllm_version", version,
+                        f"the planner reproduces vLLM {PINNED_VLLM}'s memory accounting; pin "
+                        f"{PINNED_VLLM} or re-check teamserve_capacity against the new release")
+    util = engine.get("gpu_memory_utilization", 0.9)
+    if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
+        raise PlanError("vllm_engine.gpu_memory_utilization", util,
+                        "use a fraction 0 < x <= 1, e.g. 0.90")
+    tp = _pos_int(engine.get("tensor_parallel_size", 1), "vllm_engine.tensor_parallel_size",
+                  "use the number of GPUs one model copy is split across, >= 1")
+    block = engine.get("block_size", 16)
+    if block not in BLOCK_SIZES:
+        raise PlanError("vllm_engine.block_size", block, "use one of " + ", ".join(map(str, BLOCK_SIZES)))
+    kv_dtype = engine.get("kv_cache_dtype", "auto")
+    if kv_dtype not in KV_CACHE_DTYPES:
+        raise PlanError("vllm_engine.kv_cache_dtype", kv_dtype,
+                        "use one of " + ", ".join(KV_CACHE_DTYPES) + " (other vLLM cache dtypes are not modelled)")
+
+    if not isinstance(gpus, Sequence) or isinstance(gpus, (str, bytes)) or not gpus:
+        raise PlanError("nvidia_driver_gpus", gpus,
+                        "need at least one GPU row from nvidia-smi; is the NVIDIA driver loaded?")
+    if len(gpus) < tp:
+        raise PlanError("vllm_engine.tensor_parallel_size", tp,
+                        f"only {len(gpus)} GPU(s) reported; lower tensor_parallel_size or add GPUs")
+    used = list(gpus)[:tp]
+    mibs, caps = [], []
+    for i, g in enumerate(used):
+        mibs.append(_pos_int(_req(g, "memory_total_mib", f"nvidia_driver_gpus[{i}]"),
+                             f"nvidia_driver_gpus[{i}].memory_total_mib",
+                             "give memory.total in MiB as nvidia-smi reports it (nounits), > 0"))
+        caps.append(parse_compute_cap(_req(g, "compute_cap", f"nvidia_driver_gpus[{i}]"),
+                                      f"nvidia_driver_gpus[{i}].compute_cap"))
+    total_mib, cap = min(mibs), min(caps)
+    gpu_name = str(used[0].get("name", "GPU"))
+
+    bits, min_cap, native_cap, online_flag = WEIGHT_FORMATS[fmt]
+    cap_text = f"{cap[0]}.{cap[1]}"
+    if cap < min_cap:
+        raise PlanError("vllm_model.weight_format", fmt,
+                        f"{fmt} weights need compute capability >= {min_cap[0]}.{min_cap[1]} "
+                        f"in vLLM {PINNED_VLLM}; this GPU is {cap_text}; choose another format")
+    kv_support = fp8_kv_support(cap)
+    if KV_CACHE_DTYPES[kv_dtype] == 1 and kv_support == "unsupported":
+        raise PlanError("vllm_engine.kv_cache_dtype", kv_dtype,
+                        f"fp8 KV cache needs compute capability >= 8.0 with vLLM {PINNED_VLLM}; "
+                        f"this GPU is {cap_text}; use auto")
+    if spec.quant_method:
+        if spec.quant_method not in QUANT_METHOD_FLAG:
+            raise PlanError("vllm_model.config.quantization_config.quant_method", spec.quant_method,
+                            "not a quantisation the planner sizes; known: " + ", ".join(QUANT_METHOD_FLAG))
+        # vLLM reads quantization_config itself and picks the fastest kernel
+        # (e.g. awq_marlin); forcing --quantization awq would select the slow one.
+        quantization = None
+    elif online_flag is not None:
+        quantization = online_flag
+    elif fmt in ("bf16", "fp16"):
+        quantization = None
+    else:
+        raise PlanError("vllm_model.weight_format", fmt,
+                        f"{fmt} needs a pre-quantised checkpoint whose config.json has a "
+                        "quantization_config; this config has none — pick the quantised repo "
+                        "or use bf16/fp8")
+
+    # vLLM's dtype "auto" serves float32 checkpoints in 16-bit ("Downcasting
+    # torch.float32 to torch.bfloat16"), so KV and activations are 2 bytes.
+    model_bytes = min(2, DTYPE_BYTES[spec.dtype])
+    kv_bytes = KV_CACHE_DTYPES[kv_dtype] or model_bytes
+    prefix_caching = True
+    layout = kv_layout(spec, tensor_parallel_size=tp, kv_dtype_bytes=kv_bytes, block_size=block,
+                       state_dtype_bytes=model_bytes, prefix_caching=prefix_caching)
+
+    max_model_len = min(w.max_context_tokens, spec.max_model_len_limit)
+    seqs_wanted = w.concurrent_sequences
+    batched = _max_batched_tokens(w.tpot_seconds, seqs_wanted)
+    in_flight = 2 * batched  # async scheduling: two batches in flight
+    weights_total, weights_source = _weights_total(model, spec, fmt)
+    measured = Measured(**{k: v for k, v in dict(engine.get("measured") or {}).items()
+                           if k in Measured.__dataclass_fields__})
+    seqs_cap_guess = min(1024, max(SEQS_ROUNDING, cdiv(seqs_wanted, SEQS_ROUNDING) * SEQS_ROUNDING))
+    budget = estimate_budget(spec, memory_total_mib=total_mib, gpu_memory_utilization=float(util),
+                             weights_bytes_total=weights_total, weights_source=weights_source,
+                             tensor_parallel_size=tp, max_num_batched_tokens=batched,
+                             max_num_seqs=seqs_cap_guess, measured=measured)
+
+    num_blocks = max(0, budget.kv_budget_bytes // layout.bytes_per_block)
+    per_req_avg = layout.blocks_per_request(w.avg_context_tokens, in_flight)
+    per_req_max = layout.blocks_per_request(max_model_len, in_flight)
+    conc_avg = num_blocks // per_req_avg
+    conc_max = num_blocks // per_req_max
+    kv_tokens = layout.logged_kv_tokens(num_blocks, max_model_len, in_flight) if num_blocks else 0
+    fits = conc_avg >= seqs_wanted and conc_max >= 1
+
+    max_num_seqs = max(1, min(seqs_cap_guess, conc_avg)) if conc_avg else seqs_cap_guess
+    flags: dict[str, Any] = {
+        "max-model-len": max_model_len,
+        "max-num-seqs": max_num_seqs,
+        "gpu-memory-utilization": float(util),
+        "kv-cache-dtype": kv_dtype,
+        "max-num-batched-tokens": max(batched, max_num_seqs),
+        "enable-prefix-caching": True,
+        "enable-chunked-prefill": True,
+        "tensor-parallel-size": tp,
+        "quantization": quantization,
+        "max-num-queued-reqs": QUEUE_PER_SEQ * max_num_seqs,
+    }
+    if block != 16:
+        flags["block-size"] = block
+
+    numbers: dict[str, Any] = {
+        "model": name,
+        "served_model_name": str(model.get("served_model_name", name)),
+        "architecture": spec.architecture,
+        "weight_format": fmt,
+        "checkpoint_quantization": spec.quant_method,
+        "attention": spec.attention_type,
+        "gpu": gpu_name,
+        "gpu_count": tp,
+        "compute_cap": cap_text,
+        "fp8_kv_cache": kv_support,
+        "gpu_total_gib": round(budget.total_bytes / GIB, 2),
+        "requested_gib": round(budget.requested_bytes / GIB, 2),
+        "weights_gib": round(budget.weights_bytes / GIB, 2),
+        "non_torch_gib": round(budget.non_torch_bytes / GIB, 2),
+        "activation_peak_gib": round(budget.activation_bytes / GIB, 2),
+        "cudagraph_gib": round(budget.cudagraph_bytes / GIB, 2),
+        "kv_budget_gib": round(budget.kv_budget_bytes / GIB, 2),
+        "kv_budget_bytes": budget.kv_budget_bytes,
+        "sources": budget.sources,
+        "kv_bytes_per_token": layout.kv_bytes_per_token,
+        "kv_dtype_bytes": kv_bytes,
+        "block_size": layout.block_size,
+        "bytes_per_block": layout.bytes_per_block,
+        "blocks": num_blocks,
+        "kv_tokens": kv_tokens,
+        "kv_block_tokens": num_blocks * layout.block_size,
+        "blocks_per_seq_avg": per_req_avg,
+        "blocks_per_seq_max": per_req_max,
+        "kv_per_seq_avg_mib": round(per_req_avg * layout.bytes_per_block / MIB, 1),
+        "max_concurrency_avg": conc_avg,
+        "max_concurrency_max": conc_max,
+        "concurrent_sequences": seqs_wanted,
+        "avg_context_tokens": w.avg_context_tokens,
+        "max_model_len": max_model_len,
+        "model_max_len": spec.max_model_len_limit,
+    }
+    layers = [
+        {"kind": k.kind, "layers": k.layers, "kv_groups": k.groups,
+         "bytes_per_token": k.bytes_per_token, "state_bytes_per_seq": k.state_bytes}
+        for k in layout.kinds
+    ]
+    levers = [] if fits else _levers(spec, w, layout, budget, fmt, kv_bytes, kv_support, tp,
+                                     num_blocks, in_flight, max_model_len)
+    verdict = _verdict(fits, w, conc_avg, conc_max, max_model_len, budget)
+    from .report import format_table
+    result = {"fits": fits, "verdict": verdict, "levers": levers, "numbers": numbers,
+              "flags": flags, "layers": layers}
+    result["table"] = format_table(result)
+    return result
+
+
+def _verdict(fits: bool, w: Workload, conc_avg: int, conc_max: int, max_len: int, budget: Budget) -> str:
+    if budget.kv_budget_bytes <= 0:
+        return (f"does not fit: the weights and overheads take {budget.requested_bytes / GIB - budget.kv_budget_bytes / GIB:.1f} "
+                f"GiB of the {budget.requested_bytes / GIB:.1f} GiB vLLM may use; nothing is left for the KV cache")
+    if fits:
+        return (f"fits: {conc_avg} sequences at {w.avg_context_tokens:,} tokens "
+                f"(need {w.concurrent_sequences}), {conc_max} at the {max_len:,}-token maximum")
+    if conc_max < 1:
+        return f"does not fit: not even one {max_len:,}-token request fits in the KV cache"
+    return (f"does not fit: {conc_avg} sequences at {w.avg_context_tokens:,} tokens, "
+            f"{w.concurrent_sequences} requested")
+
+
+def _levers(spec: ModelSpec, w: Workload, layout: KVLayout, budget: Budget, fmt: str, kv_bytes: int,
+            kv_support: str, tp: int, num_blocks: int, in_flight: int, max_len: int) -> list[str]:
+    """What would make it fit, each with its number (like the seeds' bullets)."""
+    out: list[str] = []
+    if num_blocks:
+        # Longest average context that serves the requested sequences.
+        lo, hi = 1, w.avg_context_tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if num_blocks // layout.blocks_per_request(mid, in_flight) >= w.concurrent_sequences:
+                lo = mid
+            else:
+                hi = mid - 1
+        if num_blocks // layout.blocks_per_request(lo, in_flight) >= w.concurrent_sequences:
+            out.append(f"shorter context: an average of {lo:,} tokens serves "
+                       f"{w.concurrent_sequences} sequences")
+        fewer = num_blocks // layout.blocks_per_request(w.avg_context_tokens, in_flight)
+        if fewer >= 1:
+            out.append(f"fewer concurrent sequences: {fewer} fit at {w.avg_context_tokens:,} tokens")
+        if num_blocks // layout.blocks_per_request(max_len, in_flight) < 1:
+            longest = 0
+            lo, hi = 1, max_len
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                if num_blocks >= layout.blocks_per_request(mid, in_flight):
+                    longest, lo = mid, mid + 1
+                else:
+                    hi = mid - 1
+            out.append(f"lower --max-model-len: at most {longest:,} tokens fit for one request")
+    if kv_bytes > 1 and kv_support != "unsupported":
+        note = "" if kv_support == "native" else " (emulated on this GPU: slower)"
+        out.append(f"fp8 KV cache (--kv-cache-dtype fp8) halves KV bytes per token to "
+                   f"{layout.kv_bytes_per_token // kv_bytes:,}{note}")
+    if WEIGHT_FORMATS[fmt][0] > 5:
+        freed = budget.weights_bytes - budget.weights_bytes * 4.25 / WEIGHT_FORMATS[fmt][0]
+        out.append(f"4-bit weights (AWQ/GPTQ/NVFP4/MXFP4 checkpoint) free about {freed / GIB:.1f} GiB per GPU")
+    out.append(f"a second GPU (--tensor-parallel-size {tp * 2}) halves the weights per GPU "
+               f"and, for GQA models, the KV bytes per token")
+    return out
