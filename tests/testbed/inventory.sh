@@ -36,9 +36,8 @@ source "$TESTBED_CACHE/engine-image.env"
   echo "testbed_vllm_image_broken_digest: \"${VLLM_IMAGE_BROKEN_DIGEST:-}\""
 } >"$gv/generated.yml.tmp"
 if [[ -s $TESTBED_CACHE/apt.env ]]; then
-  # shellcheck disable=SC1091
-  source "$TESTBED_CACHE/apt.env"
-  env | grep -E '^TESTBED_APT_' | sort | sed -E 's/^TESTBED_APT_([A-Z0-9_]+)=(.*)$/testbed_apt_\L\1\E: "\2"/' >>"$gv/generated.yml.tmp" || true
+  # KEY=value lines (tests/testbed/apt-repo.sh) -> testbed_apt_key: "value"
+  sed -nE 's/^TESTBED_APT_([A-Z0-9_]+)=(.*)$/testbed_apt_\L\1\E: "\2"/p' "$TESTBED_CACHE/apt.env" >>"$gv/generated.yml.tmp"
 fi
 mv "$gv/generated.yml.tmp" "$gv/generated.yml"
 chmod 0644 "$gv/generated.yml"

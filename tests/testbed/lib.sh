@@ -21,10 +21,15 @@ with_lock() {
 
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 
-# The testbed's two networks (docs/contracts.md): the team's LAN and an "outside" network.
+# The testbed's two networks (docs/contracts.md): the team's LAN and an "outside" network. Docker hands
+# out dynamic addresses only from the upper half (--ip-range), so the fixed addresses in the lower half
+# (apt repo .2, registry .3, box .10, clients .20) never collide with a container started without one.
 ensure_networks() {
-  docker network inspect teamserve-lan >/dev/null 2>&1 ||
-    docker network create --subnet 10.231.0.0/24 --gateway 10.231.0.1 teamserve-lan >/dev/null
-  docker network inspect teamserve-wan >/dev/null 2>&1 ||
-    docker network create --subnet 10.232.0.0/24 --gateway 10.232.0.1 teamserve-wan >/dev/null
+  local name net
+  for name in lan:231 wan:232; do
+    net="teamserve-${name%%:*}"
+    docker network inspect "$net" >/dev/null 2>&1 ||
+      docker network create --subnet "10.${name##*:}.0.0/24" --gateway "10.${name##*:}.0.1" \
+        --ip-range "10.${name##*:}.0.128/25" "$net" >/dev/null
+  done
 }

@@ -45,7 +45,7 @@ def test_misspelled_flag_is_refused_with_its_name(snapshot):
 def test_removed_flag_is_refused(snapshot):
     """A flag the pinned version no longer has (removed from the snapshot here) fails before deploy."""
     trimmed = dict(snapshot)
-    trimmed["options"] = [o for o in snapshot["options"] if "--max-num-seqs" not in o["flags"]]
+    trimmed["options"] = [o for o in snapshot["options"] if o["option"] != "--max-num-seqs"]
     with pytest.raises(AnsibleFilterError, match="--max-num-seqs"):
         vllm_argv.vllm_serve_argv({"max-num-seqs": 16}, "m", trimmed)
 

@@ -37,14 +37,11 @@ def keys(vault) -> dict:
 
 
 @pytest.fixture(scope="session")
-def gateway_verify(testbed_vars, tmp_path_factory):
-    """What httpx should verify the gateway with: the box's Caddy root CA for https, True for http."""
+def gateway_verify(testbed_vars):
+    """What HTTP clients verify the gateway with: the root certificate of the box's Caddy internal CA,
+    which the caddy role fetched to the controller (caddy_root_ca_local_path), or True for plain HTTP."""
     if testbed_vars.get("teamserve_gateway_scheme", "http") != "https":
         return True
-    import testinfra
-
-    box = testinfra.get_host("docker://teamserve-box")
-    pem = box.file(testbed_vars["teamserve_gateway_ca_path"]).content_string
-    path = tmp_path_factory.mktemp("ca") / "root.crt"
-    path.write_text(pem)
+    path = CACHE / "caddy-root.crt"
+    assert path.read_text().startswith("-----BEGIN CERTIFICATE-----"), f"{path} is not a PEM certificate"
     return str(path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
+import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import testinfra
@@ -45,7 +45,7 @@ def test_services_are_active(host):
 
 def test_engine_runs_with_the_planned_argv(host, testbed_vars):
     """The container's argv is exactly what the capacity planner computes from the inventory and the GPU."""
-    from teamserve_capacity.ansible_api import plan as planner_plan  # the filter's own entry point
+    from teamserve_capacity import plan as planner_plan  # what the role's filter calls
 
     gpu_csv = host.check_output(
         "nvidia-smi --query-gpu=index,name,memory.total,compute_cap,driver_version --format=csv,noheader,nounits"
@@ -57,7 +57,8 @@ def test_engine_runs_with_the_planned_argv(host, testbed_vars):
     engine.setdefault("vllm_version", "0.32.0")
     plan = planner_plan(testbed_vars["vllm_model"], testbed_vars["vllm_workload"], gpus, engine)
     container = engine_container(host)
-    args = container["Args"]
+    args = container["Config"]["Cmd"]  # the image's entrypoint is `vllm serve`; Cmd is the rendered argv
+    assert container["Config"]["Entrypoint"] == ["vllm", "serve"]
     assert container["State"]["Running"]
     assert args[0] == testbed_vars["vllm_model"]["name"]
     for flag in ("max-model-len", "max-num-seqs", "gpu-memory-utilization"):

@@ -28,8 +28,9 @@ _IMAGE_REF = re.compile(
 def _options_index(snapshot: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Map every option string of a parser snapshot to its description.
 
-    Input: the parsed JSON snapshot, ``{"vllm_version": str, "options": [{"flags": [str, ...],
-    "takes_value": bool, "choices": [..] | null}, ...]}``.
+    Input: the parsed JSON snapshot, ``{"vllm_version": str, "options": [{"option": "--max-model-len",
+    "dest": str, "takes_value": bool, "nargs": ..., "choices": [..] | null}, ...]}`` (one entry per option
+    string; aliases and ``--no-`` forms have entries of their own).
     Output: ``{"--max-model-len": {...}, "--no-enable-prefix-caching": {...}, ...}``.
     Raises AnsibleFilterError when the snapshot has no ``options`` list.
     """
@@ -40,8 +41,7 @@ def _options_index(snapshot: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         )
     index: dict[str, dict[str, Any]] = {}
     for option in options:
-        for flag in option.get("flags", []):
-            index[flag] = option
+        index[option["option"]] = option
     return index
 
 
@@ -65,7 +65,8 @@ def vllm_serve_argv(
     Raises AnsibleFilterError naming the flag, the pinned version and the fix when a flag is unknown to
     the pinned vLLM, a value is not among the option's choices, or a value-taking flag has no value.
     """
-    version = snapshot.get("vllm_version", "?") if isinstance(snapshot, Mapping) else "?"
+    # The CPU build names itself 0.32.0+cpu; the snapshot file is named after the release.
+    version = str(snapshot.get("vllm_version", "?")).split("+")[0] if isinstance(snapshot, Mapping) else "?"
     index = _options_index(snapshot)
     argv: list[str] = [str(model)]
 

@@ -1,0 +1,45 @@
+"""Bad input stops the caddy role with a message naming the field, the value and the fix, before anything
+on the host changes (the live Caddyfile, the unit and the binary keep their checksums)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+from conftest import SCENARIO
+
+GOOD = {"rate_limit": {"events": 5, "window": "1m"}}
+KEY = "badInputKEY0123456789abcdefghijklmnop"
+CASES = {
+    "duplicate user": (
+        [{"name": "zoe", "key": KEY, **GOOD}, {"name": "zoe", "key": KEY[::-1], **GOOD}],
+        "duplicate user name 'zoe'"),
+    "short key": ([{"name": "zoe", "key": "abc123", **GOOD}], "is 6 characters, shorter than the minimum 32"),
+    "key with whitespace": ([{"name": "zoe", "key": KEY[:20] + " " + KEY[20:], **GOOD}], "contains whitespace"),
+    "unknown limit unit": (
+        [{"name": "zoe", "key": KEY, "rate_limit": {"events": 5, "window": "3 fortnights"}}],
+        "has an unknown limit unit"),
+    "expiry in the past": ([{"name": "zoe", "key": KEY, "expires": "2020-01-01", **GOOD}], "is in the past"),
+}
+WATCHED = "/etc/caddy/Caddyfile /etc/systemd/system/caddy.service /usr/local/bin/caddy"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_fails_before_any_change(host, case):
+    users, expected = CASES[case]
+    before = host.check_output(f"sha256sum {WATCHED}")
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(SCENARIO.parents[1] / "roles"), ANSIBLE_FORCE_COLOR="0")
+    run = subprocess.run(
+        [str(pathlib.Path(os.sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+         str(SCENARIO / "converge.yml"), "-e", json.dumps({"caddy_users": users})],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode != 0
+    output = run.stdout + run.stderr
+    assert expected in output and "caddy_users[" in output
+    for secret in [u["key"] for u in users] + [KEY[:20], KEY[20:]]:  # keys are never echoed
+        assert secret not in output
+    assert "changed=0" in run.stdout  # failed in assert.yml, nothing touched
+    assert host.check_output(f"sha256sum {WATCHED}") == before

@@ -1,0 +1,181 @@
+"""Behaviour of the caddy role's gateway, seen from a client on the controller (molecule/caddy).
+
+The gateway runs in the box ``caddydev-box``; behind it, on the box's loopback, a test double of an
+OpenAI-compatible engine (tests/gateway/fake_openai_upstream.py) that only accepts the engine key.
+Clients use the official ``openai`` SDK over TLS, trusting the internal CA root the role fetched.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import time
+
+import httpx2 as httpx  # the HTTP library openai 3.x is built on (its http_client type)
+import openai
+import pytest
+
+
+def client(base_url: str, ca_file: str, key: str) -> openai.OpenAI:
+    """An OpenAI SDK client for one user; no retries so 429/503 reach the test."""
+    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0,
+                         http_client=httpx.Client(verify=ca_file, timeout=30))
+
+
+def raw(base_url: str, ca_file: str, path: str, key: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(base_url.removesuffix("/v1") + path, headers=headers, verify=ca_file, timeout=10)
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"] and "type" in error and "param" in error
+
+
+def engine_stats(host) -> dict:
+    return json.loads(host.check_output("python3 -c \"import urllib.request;"
+                                        "print(urllib.request.urlopen('http://127.0.0.1:8000/fixture/stats').read().decode())\""))
+
+
+def test_service_hardened(host):
+    unit = host.run("systemctl show caddy -p User -p NoNewPrivileges -p ProtectSystem -p CapabilityBoundingSet "
+                    "-p ActiveState").stdout
+    assert "User=caddy" in unit and "NoNewPrivileges=yes" in unit and "ProtectSystem=strict" in unit
+    assert "CapabilityBoundingSet=cap_net_bind_service\n" in unit and "ActiveState=active" in unit
+    assert "http.handlers.rate_limit" in host.check_output("/usr/local/bin/caddy list-modules")
+
+
+def test_keys_readable_by_root_and_caddy_only(host):
+    for path in ("/etc/caddy/Caddyfile", "/etc/caddy/Caddyfile.last-good"):
+        f = host.file(path)
+        assert (f.user, f.group, f.mode) == ("root", "caddy", 0o640), path
+    assert host.run("runuser -u nobody -- cat /etc/caddy/Caddyfile").rc != 0
+
+
+def test_admin_api_not_on_tcp(host):
+    assert not host.socket("tcp://127.0.0.1:2019").is_listening
+    sock = host.file("/run/caddy/admin.sock")
+    assert sock.is_socket and sock.user == "caddy" and sock.mode == 0o600
+
+
+@pytest.mark.parametrize("key", [None, "not-a-key-0123456789abcdefghijklmnop", "dave"])
+def test_missing_or_unknown_key_gets_openai_401(base_url, ca_file, key):
+    assert_openai_error(raw(base_url, ca_file, "/v1/models", key), 401, "invalid_api_key")
+    with pytest.raises(openai.AuthenticationError) as err:
+        client(base_url, ca_file, key or "x" * 40).models.list()
+    assert err.value.code == "invalid_api_key"
+
+
+def test_health_without_key(base_url, ca_file):
+    assert raw(base_url, ca_file, "/health").status_code == 200
+
+
+def test_metrics_not_exposed(base_url, ca_file, keys):
+    assert_openai_error(raw(base_url, ca_file, "/metrics", keys["bob"]), 404, "not_found")
+
+
+def test_engine_key_injected_user_key_never_reaches_engine(host, base_url, ca_file, keys, gateway_vars):
+    # The double answers 401 unless it gets the engine's key; 200 here proves the gateway swapped keys.
+    assert [m.id for m in client(base_url, ca_file, keys["bob"]).models.list()] == ["fixture"]
+    seen = engine_stats(host)["authorization_sha256"]
+    engine_key = gateway_vars["caddy_upstream_api_key"]
+    assert hashlib.sha256(f"Bearer {engine_key}".encode()).hexdigest() in seen
+    for key in list(keys.values()) + list(gateway_vars["caddy_user_keys"].values()):
+        assert hashlib.sha256(f"Bearer {key}".encode()).hexdigest() not in seen
+
+
+def test_stream_arrives_incrementally(base_url, ca_file, keys, gateway_vars):
+    delay = float(gateway_vars["fixture_token_delay_s"])
+    stream = client(base_url, ca_file, keys["bob"]).chat.completions.create(
+        model="fixture", messages=[{"role": "user", "content": "hi"}], stream=True, max_tokens=10)
+    arrivals = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic())
+    assert len(arrivals) == 10
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    # Buffered output would arrive in one burst at the end: most gaps ~0. Unbuffered: each ~delay.
+    assert sorted(gaps)[len(gaps) // 2] > delay * 0.5, gaps
+    assert arrivals[-1] - arrivals[0] > delay * 9 * 0.7
+
+
+def test_rate_limit_per_user(base_url, ca_file, keys):
+    alice = client(base_url, ca_file, keys["alice"])
+    statuses = []
+    for _ in range(5):  # alice: 3 per minute
+        try:
+            alice.models.list()
+            statuses.append(200)
+        except openai.RateLimitError as err:
+            statuses.append(429)
+            assert err.code == "rate_limit_exceeded"
+            retry_after = int(err.response.headers["retry-after"])
+            assert 1 <= retry_after <= 60
+    assert statuses.count(200) <= 3 and statuses.count(429) >= 2  # 3 per minute, also across re-runs
+    # Another user is not affected by alice's exhaustion.
+    assert client(base_url, ca_file, keys["bob"]).models.list().data[0].id == "fixture"
+    assert_openai_error(raw(base_url, ca_file, "/v1/models", keys["alice"]), 429, "rate_limit_exceeded")
+
+
+def test_server_full_gets_503_with_retry_after(base_url, ca_file, keys, gateway_vars):
+    cap = int(gateway_vars["caddy_max_inflight"])
+
+    def long_stream() -> int:
+        stream = client(base_url, ca_file, keys["bob"]).chat.completions.create(
+            model="fixture", messages=[], stream=True, max_tokens=25)
+        return sum(1 for _ in stream)
+
+    with concurrent.futures.ThreadPoolExecutor(cap) as pool:
+        running = [pool.submit(long_stream) for _ in range(cap)]
+        time.sleep(1.5)
+        response = httpx.post(f"{base_url}/chat/completions", verify=ca_file, timeout=10,
+                              headers={"Authorization": f"Bearer {keys['dave']}"},
+                              json={"model": "fixture", "messages": [], "max_tokens": 1})
+        assert_openai_error(response, 503, "server_full")
+        assert response.headers["retry-after"] == str(gateway_vars["caddy_server_full_retry_after"])
+        assert [f.result(timeout=30) for f in running] == [25] * cap  # every stream ran to the end
+
+
+def test_client_disconnect_stops_generation(host, base_url, ca_file, keys):
+    before = engine_stats(host)["streams_aborted"]
+    with httpx.Client(verify=ca_file, timeout=10) as http:
+        with http.stream("POST", f"{base_url}/chat/completions",
+                         headers={"Authorization": f"Bearer {keys['bob']}"},
+                         json={"model": "fixture", "messages": [], "stream": True, "max_tokens": 200}) as r:
+            next(r.iter_lines())
+    for _ in range(20):
+        if engine_stats(host)["streams_aborted"] > before:
+            break
+        time.sleep(0.5)
+    assert engine_stats(host)["streams_aborted"] > before
+
+
+def test_access_log_has_users_and_no_keys(host, base_url, ca_file, keys, gateway_vars):
+    for name in ("alice", "bob", "dave"):  # alice may be over her limit: a 429 is logged with her name too
+        raw(base_url, ca_file, "/v1/models", keys[name])
+    log = host.file("/var/log/caddy/access.log")
+    assert log.user == "caddy" and log.mode == 0o640
+    lines = [json.loads(line) for line in log.content_string.splitlines() if line.strip()]
+    users = {entry.get("user") for entry in lines}
+    assert {"alice", "bob", "dave"} <= users
+    for entry in lines:
+        assert "Authorization" not in entry["request"]["headers"]
+        assert {"status", "size", "duration"} <= entry.keys()
+    text = log.content_string + host.check_output("journalctl -u caddy --no-pager -o cat")
+    secrets = list(keys.values()) + list(gateway_vars["caddy_user_keys"].values())
+    for secret in secrets + [gateway_vars["caddy_upstream_api_key"]]:
+        assert secret not in text
+
+
+def test_stream_survives_a_graceful_reload(host, base_url, ca_file, keys):
+    """A config reload (what every key change does) must not cut a generation in progress."""
+    pid = host.check_output("systemctl show caddy -p MainPID --value")
+    stream = client(base_url, ca_file, keys["bob"]).chat.completions.create(
+        model="fixture", messages=[], stream=True, max_tokens=15)
+    chunks = iter(stream)
+    next(chunks)
+    assert host.run("systemctl reload caddy").rc == 0
+    assert 1 + sum(1 for _ in chunks) == 15
+    assert host.check_output("systemctl show caddy -p MainPID --value") == pid

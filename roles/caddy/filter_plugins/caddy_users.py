@@ -1,0 +1,181 @@
+"""Filters that check and normalise the gateway's user list (``caddy_users`` + ``caddy_user_keys``).
+
+Plain functions with no Ansible imports in the logic, so ``tests/gateway/test_caddy_users.py`` can test
+them directly. The role calls them from ``tasks/assert.yml`` (problems -> one failed assert naming every
+bad field) and ``templates/Caddyfile.j2`` (the normalised list).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from typing import Any
+
+# Bearer tokens: RFC 6750 §2.1 "b64token" = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"=".
+# The same set keeps a key safe inside a quoted Caddyfile token (no whitespace, quotes, braces or backslash,
+# so it can never be read as a placeholder or split into two tokens).
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
+# User names become caddy-ratelimit zone names and a log field: keep them to a safe, readable set.
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+# Rate-limit windows are Caddy durations (caddy.ParseDuration: Go time.ParseDuration plus "d" for days,
+# https://caddyserver.com/docs/conventions#durations). Only whole numbers with these units are accepted.
+WINDOW_PATTERN = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
+WINDOW_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Expiry formats accepted in the inventory (UTC); YAML may also hand over a date/datetime object.
+EXPIRY_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
+
+
+def caddy_expiry_epoch(value: Any) -> int:
+    """Convert an inventory ``expires`` value to Unix seconds (UTC).
+
+    Input: a string in one of EXPIRY_FORMATS (a bare date means 00:00:00 UTC that day), or a
+    ``datetime.date``/``datetime.datetime`` (naive values are read as UTC). Output: int seconds since
+    1970-01-01T00:00:00Z. Raises ValueError for anything else.
+    """
+    if isinstance(value, _dt.datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=_dt.timezone.utc)
+    elif isinstance(value, _dt.date):
+        moment = _dt.datetime(value.year, value.month, value.day, tzinfo=_dt.timezone.utc)
+    else:
+        text = str(value).strip()
+        for fmt in EXPIRY_FORMATS:
+            try:
+                moment = _dt.datetime.strptime(text, fmt).replace(tzinfo=_dt.timezone.utc)
+                break
+            except ValueError:
+                continue
+        else:
+            raise ValueError(f"unrecognised date {text!r}; use YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ (UTC)")
+    return int(moment.timestamp())
+
+
+def _user_key(user: dict, keys: dict) -> Any:
+    """The key for ``user``: its own ``key`` field if set, else ``keys[name]``; None if neither."""
+    own = user.get("key")
+    if own not in (None, ""):
+        return own
+    return (keys or {}).get(user.get("name"))
+
+
+def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, now_epoch: int | None = None,
+                         extra_keys: Any = None) -> list[str]:
+    """Check the gateway's user list; return one message per problem (empty list = all good).
+
+    Inputs: ``users`` = ``caddy_users`` (list of dicts: name, key?, rate_limit {events, window}, expires?);
+    ``keys`` = ``caddy_user_keys`` (dict name -> key, from the vault that playbooks/users.yml writes);
+    ``min_key_length`` in characters; ``now_epoch`` = current Unix time in seconds (default: the clock);
+    ``extra_keys`` = other secrets that must not double as a user key (the engine's own key).
+    Each message names the field, the bad value (never a key's text) and the fix. Raises nothing.
+    """
+    problems: list[str] = []
+    now = int(_dt.datetime.now(tz=_dt.timezone.utc).timestamp()) if now_epoch is None else int(now_epoch)
+    if not isinstance(users, list):
+        return [f"caddy_users must be a list of users, got {type(users).__name__}"]
+    if keys is not None and not isinstance(keys, dict):
+        problems.append(f"caddy_user_keys must be a mapping of user name to key, got {type(keys).__name__}")
+        keys = {}
+    seen_names: set[str] = set()
+    seen_keys: dict[str, str] = {}
+    for secret in extra_keys or []:
+        if secret:
+            seen_keys[str(secret)] = "caddy_upstream_api_key"
+    for index, user in enumerate(users):
+        where = f"caddy_users[{index}]"
+        if not isinstance(user, dict):
+            problems.append(f"{where} must be a mapping with name and rate_limit, got {type(user).__name__}")
+            continue
+        name = user.get("name")
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            problems.append(f"{where}.name={name!r} is not a valid user name: use 1-63 characters, lower-case "
+                            "letters, digits, '-' or '_', starting with a letter")
+        else:
+            where = f"caddy_users[{index}] (name={name})"
+            if name in seen_names:
+                problems.append(f"{where}: duplicate user name {name!r}; each user must appear once in caddy_users")
+            seen_names.add(name)
+        unknown = sorted(set(user) - {"name", "key", "rate_limit", "expires"})
+        if unknown:
+            problems.append(f"{where}: unknown field(s) {unknown}; allowed: name, key, rate_limit, expires")
+        key = _user_key(user, keys)
+        if key is not None:
+            if not isinstance(key, str):
+                problems.append(f"{where}.key must be a string, got {type(key).__name__}")
+            elif len(key) < int(min_key_length):
+                problems.append(f"{where}.key is {len(key)} characters, shorter than the minimum {min_key_length}; "
+                                "issue a new one with playbooks/users.yml -e caddy_users_action=rotate")
+            elif any(ch.isspace() for ch in key):
+                problems.append(f"{where}.key contains whitespace; keys must be one RFC 6750 token "
+                                "(letters, digits, - . _ ~ + / and trailing =)")
+            elif not KEY_PATTERN.match(key):
+                problems.append(f"{where}.key contains characters outside RFC 6750's token set "
+                                "(letters, digits, - . _ ~ + / and trailing =)")
+            elif key in seen_keys:
+                problems.append(f"{where}.key is the same as the key of {seen_keys[key]}; every key must be unique")
+            else:
+                seen_keys[key] = where
+        limit = user.get("rate_limit")
+        if not isinstance(limit, dict):
+            problems.append(f"{where}.rate_limit={limit!r} must be a mapping like {{events: 60, window: 1m}}")
+        else:
+            events = limit.get("events")
+            if isinstance(events, bool) or not isinstance(events, int) or events < 1:
+                problems.append(f"{where}.rate_limit.events={events!r} must be a whole number >= 1 "
+                                "(requests allowed per window)")
+            window = limit.get("window")
+            if not isinstance(window, str) or not WINDOW_PATTERN.match(window):
+                problems.append(f"{where}.rate_limit.window={window!r} has an unknown limit unit or format; "
+                                "use a whole number with s, m, h or d, e.g. 30s, 1m, 1h, 1d")
+            extra = sorted(set(limit) - {"events", "window"})
+            if extra:
+                problems.append(f"{where}.rate_limit: unknown field(s) {extra}; allowed: events, window")
+        if user.get("expires") not in (None, ""):
+            try:
+                epoch = caddy_expiry_epoch(user["expires"])
+            except ValueError as err:
+                problems.append(f"{where}.expires={user['expires']!r}: {err}")
+            else:
+                if epoch <= now:
+                    problems.append(f"{where}.expires={user['expires']!r} is in the past; set a future date "
+                                    "(UTC) or revoke the user with playbooks/users.yml -e caddy_users_action=revoke")
+    return problems
+
+
+def caddy_users_effective(users: list, keys: Any) -> list[dict]:
+    """Normalise the (already checked) user list for the Caddyfile template.
+
+    Inputs as for caddy_users_problems. Output: one dict per user that HAS a key (users without a key are
+    not issued or were revoked, and get no access): ``name``, ``key``, ``events`` (int), ``window``
+    (Caddy duration string) and ``expires_epoch`` (int Unix seconds, 0 = never), sorted by name so the
+    rendered file does not change when the inventory order does.
+    """
+    result = []
+    for user in users:
+        key = _user_key(user, keys or {})
+        if key in (None, ""):
+            continue
+        expires = user.get("expires")
+        result.append({
+            "name": user["name"],
+            "key": key,
+            "events": int(user["rate_limit"]["events"]),
+            "window": user["rate_limit"]["window"],
+            "expires_epoch": caddy_expiry_epoch(expires) if expires not in (None, "") else 0,
+        })
+    return sorted(result, key=lambda u: u["name"])
+
+
+def caddy_users_without_key(users: list, keys: Any) -> list[str]:
+    """Names of users listed in ``caddy_users`` that have no key (never issued or revoked), sorted."""
+    return sorted(u["name"] for u in users if isinstance(u, dict) and _user_key(u, keys or {}) in (None, ""))
+
+
+class FilterModule:
+    """Ansible filter plugin entry point."""
+
+    def filters(self) -> dict:
+        """Map filter names to functions."""
+        return {
+            "caddy_users_problems": caddy_users_problems,
+            "caddy_users_effective": caddy_users_effective,
+            "caddy_users_without_key": caddy_users_without_key,
+            "caddy_expiry_epoch": caddy_expiry_epoch,
+        }

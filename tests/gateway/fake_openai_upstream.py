@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""A TEST DOUBLE of an OpenAI-compatible inference server, used behind the Caddy gateway in molecule/caddy.
+
+It is not vLLM and does not pretend to be: it answers the few endpoints the gateway tests need, with the
+wire format of the OpenAI API (the format vLLM's OpenAI-compatible server also speaks):
+
+* ``GET /health`` -> 200, no key needed (vLLM's /health is unauthenticated too).
+* ``GET /v1/models`` -> a model list with one model, ``fixture``.
+* ``POST /v1/chat/completions`` -> a completion; with ``"stream": true`` a ``text/event-stream`` of
+  ``chat.completion.chunk`` events, one per token, ``FIXTURE_TOKEN_DELAY_S`` seconds apart (the test of
+  unbuffered streaming measures these gaps on the client side), ending with ``data: [DONE]``.
+  ``max_tokens`` sets the number of tokens (default 8, at most 10000).
+* ``GET /fixture/stats`` -> JSON counters: requests served, streams completed, streams aborted by the
+  client (a write to a closed socket), and the Authorization header values seen, hashed with SHA-256
+  (so tests can prove which key reached the engine without the key ever being logged).
+
+Every /v1 request must carry ``Authorization: Bearer <FIXTURE_API_KEY>`` (the engine's own key) or it is
+refused with 401 and an OpenAI-style error body, like ``vllm serve --api-key``.
+
+Configuration (environment): FIXTURE_LISTEN (default ``127.0.0.1:8000``), FIXTURE_API_KEY (required),
+FIXTURE_TOKEN_DELAY_S (float seconds, default 0.2). Standard library only, so it runs on a bare box.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+API_KEY = os.environ["FIXTURE_API_KEY"]
+TOKEN_DELAY_S = float(os.environ.get("FIXTURE_TOKEN_DELAY_S", "0.2"))
+HOST, _, PORT = os.environ.get("FIXTURE_LISTEN", "127.0.0.1:8000").rpartition(":")
+MODEL = "fixture"
+
+_lock = threading.Lock()
+_stats: dict[str, object] = {
+    "requests": 0,
+    "streams_completed": 0,
+    "streams_aborted": 0,
+    "in_flight": 0,
+    "max_in_flight": 0,
+    "authorization_sha256": [],
+}
+
+
+def _bump(name: str, delta: int = 1) -> None:
+    """Add ``delta`` to the integer counter ``name`` under the lock; tracks the in-flight maximum."""
+    with _lock:
+        _stats[name] = int(_stats[name]) + delta  # type: ignore[arg-type]
+        _stats["max_in_flight"] = max(int(_stats["max_in_flight"]), int(_stats["in_flight"]))  # type: ignore[arg-type]
+
+
+def _openai_error(message: str, err_type: str, code: str) -> bytes:
+    """Return an OpenAI-style error body: {"error": {"message", "type", "param", "code"}} as UTF-8 JSON."""
+    return json.dumps({"error": {"message": message, "type": err_type, "param": None, "code": code}}).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Request handler; HTTP/1.1 so SSE responses can be sent with chunked transfer encoding."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: object) -> None:  # keep journal quiet; stats are at /fixture/stats
+        return
+
+    def _send_json(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorized(self) -> bool:
+        header = self.headers.get("Authorization", "")
+        with _lock:
+            seen = _stats["authorization_sha256"]
+            digest = hashlib.sha256(header.encode()).hexdigest()
+            if digest not in seen:  # type: ignore[operator]
+                seen.append(digest)  # type: ignore[union-attr]
+        if header != f"Bearer {API_KEY}":
+            self._send_json(401, _openai_error("Unauthorized", "invalid_request_error", "invalid_api_key"))
+            return False
+        return True
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        if self.path == "/health":
+            self._send_json(200, b"")
+        elif self.path == "/fixture/stats":
+            with _lock:
+                self._send_json(200, json.dumps(_stats).encode())
+        elif self.path == "/v1/models":
+            if self._authorized():
+                body = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "fixture"}]}
+                self._send_json(200, json.dumps(body).encode())
+        else:
+            self._send_json(404, _openai_error("Not found", "invalid_request_error", "not_found"))
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length", "0"))
+        request = json.loads(self.rfile.read(length) or b"{}")
+        if self.path != "/v1/chat/completions":
+            self._send_json(404, _openai_error("Not found", "invalid_request_error", "not_found"))
+            return
+        if not self._authorized():
+            return
+        _bump("requests")
+        tokens = max(1, min(int(request.get("max_tokens") or 8), 10000))
+        created = int(time.time())
+        if not request.get("stream"):
+            body = {
+                "id": "chatcmpl-fixture", "object": "chat.completion", "created": created, "model": MODEL,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok " * tokens},
+                             "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
+            }
+            self._send_json(200, json.dumps(body).encode())
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        _bump("in_flight")
+        try:
+            for i in range(tokens):
+                chunk = {
+                    "id": "chatcmpl-fixture", "object": "chat.completion.chunk", "created": created, "model": MODEL,
+                    "choices": [{"index": 0, "delta": {"content": f"tok{i} "},
+                                 "finish_reason": "length" if i == tokens - 1 else None}],
+                }
+                self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                time.sleep(TOKEN_DELAY_S)
+            self._write_chunk(b"data: [DONE]\n\n")
+            self._write_chunk(b"")
+            _bump("streams_completed")
+        except (BrokenPipeError, ConnectionResetError):
+            _bump("streams_aborted")
+            self.close_connection = True
+        finally:
+            _bump("in_flight", -1)
+
+    def _write_chunk(self, data: bytes) -> None:
+        """Write one HTTP/1.1 chunk and flush it at once (the empty chunk ends the body)."""
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+if __name__ == "__main__":
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer.request_queue_size = 256  # listen backlog: bursts of 64+ connections (benchmarks)
+    ThreadingHTTPServer((HOST, int(PORT)), Handler).serve_forever()

