@@ -7,7 +7,9 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export TESTBED_CACHE ?= /var/cache/teamserve-testbed
-MOLECULE_SCENARIOS ?= default
+# default: the whole site.yml on one box; gpu_host: Debian 12 + 13, check mode, the driver upgrade path;
+# caddy: key issue/rotate/revoke/expiry, server full; firewall: the traffic matrix across restarts.
+MOLECULE_SCENARIOS ?= default gpu_host caddy firewall
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,14 +35,14 @@ lint: venv ## yamllint and ansible-lint (production profile)
 	ansible-lint --profile production
 
 unit: venv ## Unit tests: the capacity planner and the roles' Python code
-	pytest -q tests/capacity tests/unit
+	pytest -q tests/capacity tests/unit tests/gateway tests/firewall
 
 molecule: testbed ## Molecule scenarios (MOLECULE_SCENARIOS="default ...")
-	for s in $(MOLECULE_SCENARIOS); do molecule test -s $$s; done
+	for s in $(MOLECULE_SCENARIOS); do t=$$SECONDS; molecule test -s $$s; echo "molecule $$s: $$((SECONDS - t)) s"; done
 
 test: lint unit molecule ## Every test: lint, unit, then the molecule scenarios on the testbed
 
 clean: ## Destroy the testbed boxes (the caches stay)
-	-molecule destroy -s default
+	for s in $(MOLECULE_SCENARIOS); do molecule destroy -s $$s || true; done
 
 .PHONY: help venv testbed demo lint unit molecule test clean

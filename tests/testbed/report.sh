@@ -10,13 +10,15 @@ ANSIBLE_STDOUT_CALLBACK=ansible.builtin.minimal ANSIBLE_CALLBACKS_ENABLED= \
 key=$(.venv/bin/ansible-vault view inventories/testbed/group_vars/teamserve/vault.yml |
       .venv/bin/python -c 'import sys,yaml; print(yaml.safe_load(sys.stdin)["vault_caddy_user_keys"]["alice"])')
 url=$(.venv/bin/python -c 'import yaml; v=yaml.safe_load(open("inventories/testbed/group_vars/teamserve/main.yml")); print(f"{v[\"teamserve_gateway_scheme\"]}://10.231.0.10:{v[\"caddy_listen_port\"]}")')
+ca="$TESTBED_CACHE/caddy-root.crt"   # the box's Caddy root certificate, fetched by the caddy role
 cat <<TXT
 
 Gateway URL:  $url/v1
+CA:           $ca
 Demo user:    alice
 Key:          $key
 Try it:
-  curl -N $url/v1/chat/completions \\
+  curl -N --cacert $ca $url/v1/chat/completions \\
     -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \\
     -d '{"model": "tiny", "stream": true, "max_tokens": 32, "messages": [{"role": "user", "content": "Hello"}]}'
 TXT
