@@ -22,6 +22,14 @@ from .logs import measured_from_log, parse_startup_log
 from .planner import PINNED_VLLM, plan
 
 
+
+def _count(text: str) -> int:
+    """Parse a whole count written as an integer or in float notation ("32.8e9"); ValueError otherwise."""
+    value = float(text)
+    if value != int(value) or value <= 0:
+        raise ValueError(text)
+    return int(value)
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="teamserve-plan", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -32,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--weight-format", default="bf16",
                    choices=["bf16", "fp16", "fp8", "awq", "gptq", "nvfp4", "mxfp4"])
     q.add_argument("--weight-bytes", type=int, help="safetensors index metadata.total_size")
-    q.add_argument("--params", type=int, help="parameter count (when --weight-bytes is unknown)")
+    q.add_argument("--params", type=_count, help="parameter count, e.g. 32800000000 or 32.8e9 (when --weight-bytes is unknown)")
     q.add_argument("--gpu-mib", type=int, default=97887, help="nvidia-smi memory.total, MiB")
     q.add_argument("--gpu-name", default="NVIDIA RTX PRO 6000 Blackwell Workstation Edition")
     q.add_argument("--compute-cap", default="12.0")

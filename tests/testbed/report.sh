@@ -4,9 +4,12 @@
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 export ANSIBLE_VAULT_PASSWORD_FILE="$TESTBED_CACHE/vault-pass"
-ANSIBLE_STDOUT_CALLBACK=ansible.builtin.minimal ANSIBLE_CALLBACKS_ENABLED= \
-  .venv/bin/ansible-playbook -i inventories/testbed playbooks/cold_start.yml |
-  sed -n '/teamserve on/,/^\s*\]/p' | sed -E 's/^\s*"(.*)",?$/\1/; /^\s*\]/d'
+report="$TESTBED_CACHE/report.txt"
+.venv/bin/ansible-playbook -i inventories/testbed playbooks/cold_start.yml \
+  -e "teamserve_report_file=$report" >"$TESTBED_CACHE/report.log" 2>&1 ||
+  { tail -30 "$TESTBED_CACHE/report.log"; log "reading the report from the box failed (log: $TESTBED_CACHE/report.log)"; exit 1; }
+echo
+cat "$report"
 key=$(.venv/bin/ansible-vault view inventories/testbed/group_vars/teamserve/vault.yml |
       .venv/bin/python -c 'import sys,yaml; print(yaml.safe_load(sys.stdin)["vault_caddy_user_keys"]["alice"])')
 url=$(.venv/bin/python -c 'import yaml; v=yaml.safe_load(open("inventories/testbed/group_vars/teamserve/main.yml")); print(f"{v[\"teamserve_gateway_scheme\"]}://10.231.0.10:{v[\"caddy_listen_port\"]}")')
@@ -21,4 +24,10 @@ Try it:
   curl -N --cacert $ca $url/v1/chat/completions \\
     -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \\
     -d '{"model": "tiny", "stream": true, "max_tokens": 32, "messages": [{"role": "user", "content": "Hello"}]}'
+  SSL_CERT_FILE=$ca .venv/bin/python -c 'import openai
+  c = openai.OpenAI(base_url="$url/v1", api_key="$key")
+  for ch in c.chat.completions.create(model="tiny", stream=True, max_tokens=32, messages=[{"role": "user", "content": "Hello"}]):
+      print(ch.choices[0].delta.content or "", end="", flush=True)'
+(The gateway answers this machine, which sits on the testbed's LAN 10.231.0.0/24; from the outside
+network 10.232.0.0/24 it does not.)
 TXT
