@@ -25,7 +25,13 @@ image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 # out dynamic addresses only from the upper half (--ip-range), so the fixed addresses in the lower half
 # (apt repo .2, registry .3, box .10, clients .20) never collide with a container started without one.
 ensure_networks() {
-  local name net
+  local name net br
+  # A Docker data directory wiped while dockerd ran leaves its bridges behind; one still holding a
+  # testbed gateway address would capture the route to the new network. Remove only such leftovers:
+  # br-* links that hold 10.231.0.1 or 10.232.0.1 and belong to no network this engine knows.
+  for br in $(ip -o -4 addr show | awk '$4 ~ /^10\.23[12]\.0\.1\// && $2 ~ /^br-/ { print $2 }'); do
+    docker network ls -q --no-trunc | grep -q "^${br#br-}" || { log "removing stale bridge $br"; ip link delete "$br"; }
+  done
   for name in lan:231 wan:232; do
     net="teamserve-${name%%:*}"
     docker network inspect "$net" >/dev/null 2>&1 ||
