@@ -11,7 +11,7 @@ The kernel of the sending side will not route 127.0.0.1 out of eth0, so this scr
 IPv4 and TCP headers itself and sends one SYN through an AF_PACKET socket (needs CAP_NET_RAW), then
 listens for the answer.
 
-Usage: localnet_probe.py --iface eth0 --via 10.231.0.22 --port 8000 [--dst 127.0.0.1] [--timeout 3]
+Usage: localnet_probe.py --iface eth0 --via 10.231.0.22 --port 8000 [--dst 127.0.0.1] [--timeout 3] [--tries 3]
 Prints one line of JSON: {"answer": "syn-ack" | "rst" | "none", ...}.
 Exit status: 0 when nothing answered (the hole is closed), 1 when the target answered (reachable),
 2 on a usage or environment error.
@@ -72,7 +72,8 @@ def main() -> int:
     ap.add_argument("--via", required=True, help="IPv4 address of the host whose MAC the frame goes to")
     ap.add_argument("--dst", default="127.0.0.1", help="IPv4 destination written into the packet")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer")
+    ap.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer to each SYN")
+    ap.add_argument("--tries", type=int, default=3, help="SYNs to send before calling the port closed")
     a = ap.parse_args()
     try:
         src_mac = open(f"/sys/class/net/{a.iface}/address", encoding="ascii").read().strip()
@@ -85,24 +86,29 @@ def main() -> int:
     except (OSError, RuntimeError) as exc:
         print(json.dumps({"error": str(exc)}))
         return 2
-    sport = random.randrange(20000, 60000)
-    sock.send(syn_frame(src_mac, dst_mac, src_ip, a.dst, sport, a.port, random.randrange(1 << 32)))
+    # Up to --tries SYNs (a fresh source port each), like a TCP client's own retransmissions: one frame
+    # can be lost while the box's bridge or ARP entry settles, which would read as "closed".
     answer = "none"
-    deadline = time.monotonic() + a.timeout
     sock.settimeout(0.2)
-    while time.monotonic() < deadline and answer == "none":
-        try:
-            frame = sock.recv(2048)
-        except socket.timeout:
-            continue
-        ip = frame[14:]
-        if len(ip) < 40 or ip[9] != 6:
-            continue
-        ihl = (ip[0] & 0x0F) * 4
-        sp, dp = struct.unpack("!HH", ip[ihl:ihl + 4])
-        flags = ip[ihl + 13]
-        if sp == a.port and dp == sport:
-            answer = "syn-ack" if flags & 0x12 == 0x12 else ("rst" if flags & 0x04 else f"flags-{flags:#x}")
+    for _ in range(a.tries):
+        sport = random.randrange(20000, 60000)
+        sock.send(syn_frame(src_mac, dst_mac, src_ip, a.dst, sport, a.port, random.randrange(1 << 32)))
+        deadline = time.monotonic() + a.timeout
+        while time.monotonic() < deadline and answer == "none":
+            try:
+                frame = sock.recv(2048)
+            except socket.timeout:
+                continue
+            ip = frame[14:]
+            if len(ip) < 40 or ip[9] != 6:
+                continue
+            ihl = (ip[0] & 0x0F) * 4
+            sp, dp = struct.unpack("!HH", ip[ihl:ihl + 4])
+            flags = ip[ihl + 13]
+            if sp == a.port and dp == sport:
+                answer = "syn-ack" if flags & 0x12 == 0x12 else ("rst" if flags & 0x04 else f"flags-{flags:#x}")
+        if answer != "none":
+            break
     print(json.dumps({"answer": answer, "src": src_ip, "via": a.via, "dst": a.dst, "port": a.port}))
     return 0 if answer == "none" else 1
 
