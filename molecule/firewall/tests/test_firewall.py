@@ -10,9 +10,8 @@ import os
 import re
 import subprocess
 import time
-from pathlib import Path
-
 import warnings
+from pathlib import Path
 
 import pytest
 import testinfra
