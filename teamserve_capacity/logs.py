@@ -14,6 +14,11 @@ Lines understood (vLLM 0.32 ``gpu_worker.py``/``gpu_model_runner.py``/
   ``PyTorch activation peak memory 1.26GiB`` / ``available_kv_cache_memory 53.29GiB``
   (V0 table form, vLLM PR #10511).
 * ``# GPU blocks: 1952`` (V0).
+* ``Initial free memory: 139.12 GiB, free memory: 81.52 GiB, requested GPU memory:
+  69.86 GiB`` / ``Memory profiling takes 40.46 seconds. Total non KV cache memory:
+  62.79GiB; torch peak memory increase: 5.62GiB; non-torch forward increase memory:
+  2.04GiB; weights memory: 55.13GiB.`` (V1 ``gpu_worker.py`` DEBUG lines, vLLM
+  PR #21429).
 * ``Free memory on device (30.27/31.4 GiB) on startup. Desired GPU memory
   utilization is (0.92, 28.88 GiB). Actual usage is 15.03 GiB for consumed
   memory (weights + non-torch), 1.59 GiB for peak activation, and 0.09 GiB for
@@ -33,7 +38,9 @@ GIB = 1024 ** 3
 _FLOAT = r"(-?[0-9]+(?:\.[0-9]+)?)"
 _PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
     "weights_gib": (re.compile(r"(?:Model loading took|Loading model weights took|model weights take)\s+"
-                               + _FLOAT + r"\s*Gi?B"),),
+                               + _FLOAT + r"\s*Gi?B"),
+                    re.compile(r"; weights memory: " + _FLOAT + r"\s*GiB")),
+    "requested_gib": (re.compile(r"requested GPU memory: " + _FLOAT + r"\s*GiB"),),
     "consumed_gib": (re.compile(r"Actual usage is " + _FLOAT + r" GiB for consumed memory"),),
     "kv_cache_gib": (re.compile(r"(?:Available KV cache memory:?|available_kv_cache_memory|kv_cache_size=)\s*"
                                 + _FLOAT + r"\s*GiB"),
@@ -43,9 +50,11 @@ _PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
     "concurrency": (re.compile(r"Maximum concurrency for [0-9,]+ tokens per request:\s*" + _FLOAT + "x"),),
     "total_gib": (re.compile(r"total_gpu_memory[=\s(]+" + _FLOAT + r"\s*GiB"),
                   re.compile(r"Free memory on device \([0-9.]+/" + _FLOAT + r" GiB\)")),
-    "non_torch_gib": (re.compile(r"non_torch_memory(?: takes)?[=\s]+" + _FLOAT + r"\s*GiB"),),
+    "non_torch_gib": (re.compile(r"non_torch_memory(?: takes)?[=\s]+" + _FLOAT + r"\s*GiB"),
+                      re.compile(r"non-torch forward increase memory: " + _FLOAT + r"\s*GiB")),
     "activation_gib": (re.compile(r"PyTorch activation peak memory(?: takes)?\s*" + _FLOAT + r"\s*GiB"),
-                       re.compile(_FLOAT + r" GiB for peak activation")),
+                       re.compile(_FLOAT + r" GiB for peak activation"),
+                       re.compile(r"torch peak memory increase: " + _FLOAT + r"\s*GiB")),
     "gpu_memory_utilization": (re.compile(r"gpu_memory_utilization[=\s(]+" + _FLOAT),
                                re.compile(r"Desired GPU memory utilization is \(" + _FLOAT)),
     "gpu_blocks": (re.compile(r"# GPU blocks:\s*([0-9,]+)"),),
@@ -61,8 +70,8 @@ def parse_startup_log(text: str) -> dict[str, Any]:
     Args:
         text: the log (any prefix noise such as ``(EngineCore pid=1) INFO`` is fine).
     Returns:
-        a dict with any of: weights_gib, kv_cache_gib, total_gib, non_torch_gib,
-        activation_gib, cudagraph_gib (floats, GiB), kv_tokens, max_model_len,
+        a dict with any of: weights_gib, kv_cache_gib, total_gib, requested_gib,
+        non_torch_gib, activation_gib, cudagraph_gib (floats, GiB), kv_tokens, max_model_len,
         gpu_blocks (ints), concurrency, gpu_memory_utilization (floats).
         Keys whose line is absent are left out.
     """

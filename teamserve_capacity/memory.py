@@ -1,18 +1,28 @@
 """Per-GPU memory budget, the way vLLM 0.32.0 sizes its KV cache.
 
-vLLM 0.32 ``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``::
+vLLM 0.32 ``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory`` and
+``vllm/utils/mem_utils.py`` ``memory_profiling``::
 
-    requested  = ceil(total_memory x gpu_memory_utilization)      (utils.request_memory)
+    requested  = ceil(total_memory x gpu_memory_utilization)      (worker/utils.request_memory)
     available  = requested - non_kv_cache_memory - cudagraph_estimate
-    non_kv_cache_memory = weights + non-torch increase + activation peak
-                          (memory_profiling around one profile_run of
-                           max_num_batched_tokens dummy tokens)
+    non_kv_cache_memory = total_consumed + transient_peak_headroom
+    total_consumed      = free memory at start-up - free memory after profiling
+                          (weights + non-torch memory + persistent buffers)
+    transient_peak_headroom = torch peak - torch allocated after the profile run
 
-and logs "Available KV cache memory: X GiB". The CUDA-graph estimate is
-subtracted by default since v0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS).
+The profile run (``gpu_model_runner.py`` ``profile_run``) is one forward pass
+of ``max_num_batched_tokens`` dummy tokens split over
+``min(tokens, max_num_seqs)`` requests, followed by ``_dummy_sampler_run`` on
+one row per request; the transient peak is the larger of the two phases (the
+forward's activations are freed before the sampler runs; the forward's output
+hidden states stay alive). vLLM then logs "Available KV cache memory: X GiB".
+The CUDA-graph estimate is subtracted by default since v0.21
+(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS).
 
-The overhead estimates below come from published start-up logs; a measured
-start-up log (see :mod:`teamserve_capacity.logs`) overrides every one of them.
+The estimates below are read off that source; the two constants that are not
+(non-torch memory, per-graph cost) come from published start-up logs, named at
+each. A measured start-up log (see :mod:`teamserve_capacity.logs`) overrides
+every one of them.
 """
 
 from __future__ import annotations
@@ -32,25 +42,59 @@ MIB = 1024 ** 2
 # both 0.42 GiB less.
 DRIVER_RESERVED_BYTES = 432 * MIB
 
-# Non-torch memory (CUDA context, cuBLAS/cuDNN workspaces) in vLLM's profile:
-# 0.25-0.35 GiB on RTX 3090/4090 (vLLM issues #10517, #13061), 1.79 GiB on H100
-# (PR #10511); the estimate takes the middle. Tensor parallelism adds NCCL and
-# custom all-reduce buffers: +1.79 GiB at TP=2 in the same PR #10511 log.
-NON_TORCH_BYTES_TP1 = int(0.75 * GIB)
-NON_TORCH_BYTES_TP_EXTRA = int(1.79 * GIB)
+# Non-torch memory counted by the profiler: everything the process allocates
+# outside PyTorch's allocator after the start-up snapshot (cuBLAS/cuDNN
+# handles, lazily loaded kernel modules; the CUDA context itself predates the
+# snapshot). Measured: 0.13-0.14 GiB on H100 with the V1 engine (llm-d
+# llm-d-benchmark config_explorer/empirical-vllm-memory-results.md, five
+# models), 0.35 GiB on an RTX 3090 (vLLM issue #10517), 0.25 GiB on RTX 4090s
+# (issue #13061); the estimate takes the middle.
+NON_TORCH_BYTES_TP1 = int(0.25 * GIB)
+# Tensor parallelism adds NCCL's buffers, which NCCL allocates per peer
+# connection (NCCL docs, NCCL_BUFFSIZE), and the custom all-reduce buffers:
+# +0.42 GiB at TP=2 on H100 (same llm-d log, Llama-3.3-70B-FP8: 0.55 vs 0.13
+# GiB), so +0.42 GiB per additional rank.
+NON_TORCH_BYTES_PER_EXTRA_RANK = int(0.42 * GIB)
+
+
+def non_torch_bytes(tensor_parallel_size: int) -> int:
+    """Estimated non-torch memory per GPU, bytes (see the constants' sources)."""
+    return NON_TORCH_BYTES_TP1 + (tensor_parallel_size - 1) * NON_TORCH_BYTES_PER_EXTRA_RANK
+
 
 # CUDA-graph estimate, shaped like vLLM 0.32 gpu_model_runner.py
-# profile_cudagraph_memory: the first (largest) capture's buffers plus a
-# per-graph cost for every further graph. The per-graph cost per layer is
-# calibrated on "Profiling CUDA graph memory: PIECEWISE=3 (largest=16), FULL=2
-# (largest=8)" -> "Estimated CUDA graph memory: 0.09 GiB total" for a 64-layer
-# model (noonghunna/club-3090 issue #434): 92 MiB / 5 graphs / 64 layers.
+# profile_cudagraph_memory: per mode, the first (largest) capture's memory and
+# the second capture's cost times every further graph; the first captures of
+# FULL and PIECEWISE overlay (max), the per-graph costs add. The first capture
+# holds one forward's activations for the largest capture size; the per-graph
+# cost per layer is calibrated on "Profiling CUDA graph memory: PIECEWISE=3
+# (largest=16), FULL=2 (largest=8)" -> "Estimated CUDA graph memory: 0.09 GiB
+# total" for a 64-layer model (noonghunna/club-3090 issue #434): 92 MiB / 5
+# graphs / 64 layers.
 CUDAGRAPH_BYTES_PER_GRAPH_LAYER = int(0.29 * MIB)
 # vLLM 0.32 config/vllm.py _set_cudagraph_sizes: capture sizes up to
 # min(2 x max_num_seqs, 512) (1024 on compute capability 10.x): 1, 2, 4, then
 # steps of 8 below 256 and of 16 above; FULL graphs for decode batches up to
 # max_num_seqs, PIECEWISE graphs for every size.
 CUDAGRAPH_MAX_CAPTURE = 512
+
+# Bytes per logit (rows x vocabulary) live at the peak of vLLM 0.32's
+# _dummy_sampler_run (gpu_model_runner.py) -> Sampler.forward
+# (v1/sample/sampler.py) -> TopKTopPSampler (v1/sample/ops/topk_topp_sampler.py):
+# the model-dtype logits compute_logits returns (2, held by the caller), their
+# float32 copy (4; temperature, top-k and top-p work in place on it: Triton
+# apply_top_k_top_p_triton, or FlashInfer's top_k_top_p_sampling_from_logits),
+# the float32 softmax probabilities (4) and random_sample's exponential noise
+# (4, empty_like(probs)).
+SAMPLER_BYTES_PER_LOGIT = 14
+# The same run before the Triton top-k/top-p kernel (V0, and V1 up to the
+# releases the benchmark's "v1" cases come from): apply_top_k_top_p_pytorch
+# sorts the float32 logits, which holds the model-dtype logits (2) and float32
+# copy (4), the sorted values (4) and int64 indices (8), and inside torch.sort
+# (PyTorch aten/src/ATen/native/cuda/SortStable.cu segmented_sort_pairs) an int64
+# iota of every position (8) plus cub's segmented-sort double buffer for keys
+# and values (4 + 8). Used by the benchmark for logs of those releases.
+SORT_SAMPLER_BYTES_PER_LOGIT = 38
 
 
 def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
@@ -67,21 +111,26 @@ def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
 def cudagraph_bytes(spec: ModelSpec, tensor_parallel_size: int, max_num_seqs: int, act_bytes: int) -> int:
     """Estimated CUDA-graph memory vLLM 0.32 deducts from the KV budget.
 
+    Follows ``profile_cudagraph_memory`` (vLLM 0.32 gpu_model_runner.py):
+    ``max(first capture per mode) + sum over modes of per_graph x (graphs - 1)``.
+    The first capture holds one forward's activations for the largest capture
+    size (:func:`activation_bytes_per_token`); the per-graph cost is
+    :data:`CUDAGRAPH_BYTES_PER_GRAPH_LAYER` per decoder layer.
+
     Args:
         spec: the model.
         tensor_parallel_size: GPUs per model copy.
         max_num_seqs: --max-num-seqs (sets the capture sizes).
         act_bytes: bytes per activation element.
     Returns:
-        bytes: largest capture's activations + per-graph cost x further graphs.
+        bytes per GPU.
     """
     sizes = cudagraph_capture_sizes(max_num_seqs)
-    graphs = len(sizes) + len([s for s in sizes if s <= max_num_seqs])
+    piecewise = len(sizes)
+    full = len([s for s in sizes if s <= max_num_seqs])
     first = max(sizes) * activation_bytes_per_token(spec, tensor_parallel_size, act_bytes)
-    return first + (graphs - 1) * spec.num_layers * CUDAGRAPH_BYTES_PER_GRAPH_LAYER
-
-# Sampler dummy run: fp32 logits plus one softmax copy for max_num_seqs rows.
-SAMPLER_COPIES = 2
+    further = max(piecewise - 1, 0) + max(full - 1, 0)
+    return first + further * spec.num_layers * CUDAGRAPH_BYTES_PER_GRAPH_LAYER
 
 
 @dataclass(frozen=True)
@@ -123,31 +172,104 @@ class Budget:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def activation_bytes_per_token(spec: ModelSpec, tensor_parallel_size: int, act_bytes: int) -> int:
+def activation_bytes_per_token(spec: ModelSpec, tensor_parallel_size: int, act_bytes: int, *,
+                               eager: bool = False) -> int:
     """Peak live activation bytes one batched token costs in a forward pass.
 
-    The largest transient of a decoder layer is the MLP: the fused gate/up
-    output (2 x I), the activated product (I) and the residual/normed hidden
-    states (about 4 x hidden), plus the QKV output; MoE layers hold
-    ``experts_per_token`` expert intermediates per token. This reproduces the
-    1.26 GiB "PyTorch activation peak memory" logged for Llama-3-8B at 8,192
-    batched tokens (vLLM PR #10511) within 2 %.
+    The largest transient of a decoder layer is its MLP. vLLM 0.32
+    ``llama.py`` ``LlamaMLP.forward``: ``gate_up_proj`` (2 x I / TP) ->
+    ``act_fn`` (SiluAndMul, I / TP) -> ``down_proj`` (H), beside the residual
+    stream (H). Under torch.compile (the default; the profile run executes the
+    compiled piecewise graphs) a buffer is freed after its last use, so the
+    peak is at the activation: residual + gate_up + product = H + 3 x I / TP.
+    Run eagerly the caller still holds the normed input and the old V0
+    ``LlamaMLP`` kept ``gate_up`` referenced until it returned, so the peak is
+    at ``down_proj``: residual + normed input + gate_up + product + output =
+    3 x H + 3 x I / TP (this reproduces the 2.07 and 2.99 GiB V0 logged for
+    Llama-3.1-8B at 20,000 and 29,000 tokens, vLLM issue #10517, to 0.01 GiB).
+
+    MoE layers (vLLM 0.32 ``fused_moe.py`` ``fused_experts_impl``): the shared
+    ``cache13`` of ``top_k x max(2 x N, H)`` and ``intermediate_cache2`` of
+    ``top_k x N`` per token (N = expert intermediate / TP), beside the layer's
+    input and output (2 x H); shared experts add a dense MLP (3 x S / TP).
 
     Args:
         spec: the model.
         tensor_parallel_size: GPUs the MLP/attention are split across.
         act_bytes: bytes per activation element (2 for bf16/fp16).
+        eager: the model runs uncompiled (V0 / --enforce-eager).
     Returns:
         bytes per token.
     """
-    if spec.moe is not None:
-        inter = spec.moe.experts_per_token * spec.moe.expert_intermediate_size \
-            + spec.moe.shared_intermediate_size
+    tp = tensor_parallel_size
+    h = spec.hidden_size
+    if eager:
+        dense = 3 * h + 3 * spec.intermediate_size // tp
     else:
-        inter = spec.intermediate_size
-    qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
-    per_token = 3 * inter // tensor_parallel_size + 4 * spec.hidden_size + qkv // tensor_parallel_size
+        dense = h + 3 * spec.intermediate_size // tp
+    per_token = dense if (spec.moe is None or spec.moe.first_dense_layers) else 0
+    if spec.moe is not None:
+        n = spec.moe.expert_intermediate_size // tp
+        moe = (2 * h + spec.moe.experts_per_token * (max(2 * n, h) + n)
+               + 3 * spec.moe.shared_intermediate_size // tp)
+        per_token = max(per_token, moe)
     return per_token * act_bytes
+
+
+def sampler_peak_bytes(spec: ModelSpec, *, max_num_batched_tokens: int, max_num_seqs: int,
+                       act_bytes: int, bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT) -> int:
+    """Peak bytes of the profile run's sampler phase.
+
+    ``profile_run`` keeps the forward's output hidden states (tokens x H) while
+    ``_dummy_sampler_run`` samples one row per dummy request
+    (``min(tokens, max_num_seqs)`` rows, vLLM 0.32 ``_dummy_run``) over the
+    whole vocabulary (logits are all-gathered, so every TP rank holds all of
+    them): rows x vocab x :data:`SAMPLER_BYTES_PER_LOGIT`.
+
+    Args:
+        spec: the model.
+        max_num_batched_tokens: tokens of the profiling forward pass.
+        max_num_seqs: --max-num-seqs.
+        act_bytes: bytes per activation element.
+        bytes_per_logit: 14 for vLLM 0.32; the benchmark passes
+            :data:`SORT_SAMPLER_BYTES_PER_LOGIT` for older releases.
+    Returns:
+        bytes per GPU.
+    """
+    rows = min(max_num_batched_tokens, max_num_seqs)
+    return max_num_batched_tokens * spec.hidden_size * act_bytes + rows * spec.vocab_size * bytes_per_logit
+
+
+def profile_peak_bytes(spec: ModelSpec, *, tensor_parallel_size: int, max_num_batched_tokens: int,
+                       max_num_seqs: int, act_bytes: int, eager: bool = False,
+                       bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT) -> int:
+    """The profile run's transient peak: max(forward, sampler phase), bytes.
+
+    The two phases do not overlap (``profile_run`` runs the forward, frees its
+    activations, then runs the sampler), so vLLM's ``transient_peak_headroom``
+    is the larger one. At vLLM's defaults on an 80 GB card (8,192 tokens,
+    1,024 sequences) the sampler phase dominates: this reproduces the 4.76,
+    5.56, 5.64 and 7.38 GiB "peak activation" the llm-d H100 logs show for
+    Llama-3.1-8B, Qwen3-0.6B, Qwen3-32B and gpt-oss-20b within 1 % (see
+    benchmarks/capacity).
+
+    Args:
+        spec: the model.
+        tensor_parallel_size: GPUs per model copy.
+        max_num_batched_tokens: tokens of the profiling forward pass.
+        max_num_seqs: --max-num-seqs.
+        act_bytes: bytes per activation element.
+        eager: see :func:`activation_bytes_per_token`.
+        bytes_per_logit: see :func:`sampler_peak_bytes`.
+    Returns:
+        bytes per GPU.
+    """
+    forward = max_num_batched_tokens * activation_bytes_per_token(spec, tensor_parallel_size, act_bytes,
+                                                                  eager=eager)
+    sampler = sampler_peak_bytes(spec, max_num_batched_tokens=max_num_batched_tokens,
+                                 max_num_seqs=max_num_seqs, act_bytes=act_bytes,
+                                 bytes_per_logit=bytes_per_logit)
+    return max(forward, sampler)
 
 
 def estimate_budget(spec: ModelSpec, *, memory_total_mib: int, gpu_memory_utilization: float,
@@ -189,11 +311,11 @@ def estimate_budget(spec: ModelSpec, *, memory_total_mib: int, gpu_memory_utiliz
 
     weights = pick("weights", m.weights_bytes, cdiv(weights_bytes_total, tensor_parallel_size),
                    weights_source)
-    non_torch = pick("non_torch", m.non_torch_bytes,
-                     NON_TORCH_BYTES_TP1 + (NON_TORCH_BYTES_TP_EXTRA if tensor_parallel_size > 1 else 0))
+    non_torch = pick("non_torch", m.non_torch_bytes, non_torch_bytes(tensor_parallel_size))
     activation = pick("activation", m.activation_bytes,
-                      max_num_batched_tokens * activation_bytes_per_token(spec, tensor_parallel_size, act_elem)
-                      + SAMPLER_COPIES * max_num_seqs * spec.vocab_size * 4 // tensor_parallel_size)
+                      profile_peak_bytes(spec, tensor_parallel_size=tensor_parallel_size,
+                                         max_num_batched_tokens=max_num_batched_tokens,
+                                         max_num_seqs=max_num_seqs, act_bytes=act_elem))
     graphs = pick("cudagraph", m.cudagraph_bytes,
                   cudagraph_bytes(spec, tensor_parallel_size, max_num_seqs, act_elem))
     if m.kv_cache_bytes is not None:

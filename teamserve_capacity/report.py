@@ -36,7 +36,7 @@ def format_table(result: Mapping[str, Any]) -> str:
     src = n["sources"]
     rows.append((f"weights, {n['weight_format']}", src.get("weights", ""), f"{n['weights_gib']:.2f} GiB"))
     rows.append(("non-torch", src.get("non_torch", ""), f"{n['non_torch_gib']:.2f} GiB"))
-    rows.append(("activation peak", f"{f['max-num-batched-tokens']:,} batched tokens, "
+    rows.append(("activation peak", f"max(forward of {f['max-num-batched-tokens']:,} tokens, sampler), "
                  + src.get("activation", ""), f"{n['activation_peak_gib']:.2f} GiB"))
     rows.append(("CUDA graphs", src.get("cudagraph", ""), f"{n['cudagraph_gib']:.2f} GiB"))
     rows.append(("left for KV", f"{n['requested_gib']:.2f} - {n['weights_gib']:.2f} - "
