@@ -248,10 +248,11 @@ def profile_peak_bytes(spec: ModelSpec, *, tensor_parallel_size: int, max_num_ba
     The two phases do not overlap (``profile_run`` runs the forward, frees its
     activations, then runs the sampler), so vLLM's ``transient_peak_headroom``
     is the larger one. At vLLM's defaults on an 80 GB card (8,192 tokens,
-    1,024 sequences) the sampler phase dominates: this reproduces the 4.76,
-    5.56, 5.64 and 7.38 GiB "peak activation" the llm-d H100 logs show for
-    Llama-3.1-8B, Qwen3-0.6B, Qwen3-32B and gpt-oss-20b within 1 % (see
-    benchmarks/capacity).
+    1,024 sequences) the sampler phase dominates: with that release's sort
+    path (:data:`SORT_SAMPLER_BYTES_PER_LOGIT`) this reproduces the 4.76,
+    5.56, 5.64 and 7.38 GiB "peak activation" the llm-d vLLM 0.11 H100 logs
+    show for Llama-3.1-8B, Qwen3-0.6B, Qwen3-32B and gpt-oss-20b within 1.1 %
+    (benchmarks/capacity).
 
     Args:
         spec: the model.
