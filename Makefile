@@ -8,8 +8,9 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export TESTBED_CACHE ?= /var/cache/teamserve-testbed
 # default: the whole site.yml on one box; gpu_host: Debian 12 + 13, check mode, the driver upgrade path;
-# caddy: key issue/rotate/revoke/expiry, server full; firewall: the traffic matrix across restarts.
-MOLECULE_SCENARIOS ?= default gpu_host caddy firewall
+# caddy: key issue/rotate/revoke/expiry, server full; firewall: the traffic matrix across restarts;
+# upgrade: playbooks/upgrade.yml to a broken engine image (rolls back) and to a healthy one.
+MOLECULE_SCENARIOS ?= default gpu_host caddy firewall upgrade
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'

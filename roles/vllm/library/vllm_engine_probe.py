@@ -13,13 +13,20 @@ description:
   - Times are measured from the container's C(State.StartedAt), so they are the cold start as users feel
     it: seconds to C(/health) 200 and, when O(chat) is given, seconds to the first streamed token of a
     chat completion sent through the gateway.
-  - Read-only; never reports changed.
+  - With O(restart), the module restarts the container itself first, so the cold start is timed from
+    the moment the restart was asked for (C(seconds_to_container_start) includes stopping the old
+    process); it then reports changed.
+  - The phases in between are read from the engine's own log (Docker's timestamps on vLLM's lines
+    "Model loading took", "torch.compile takes", "Graph capturing finished", "init engine (profile,
+    create kv cache, warmup model) took", "Application startup complete"; see RETURN).
 options:
   container: {description: Name of the engine container., type: str, required: true}
   health_url: {description: URL of the engine's health endpoint., type: str, required: true}
   timeout: {description: Seconds to wait for readiness, counted from the container's start., type: int, default: 900}
   poll_interval: {description: Seconds between polls., type: float, default: 1.0}
   log_lines: {description: Engine log lines returned when the engine fails., type: int, default: 40}
+  restart: {description: Restart the container first and time from the restart request., type: bool, default: false}
+  stop_timeout: {description: Seconds Docker gives the old engine to stop on restart before killing it., type: int, default: 30}
   chat:
     description: When set, a streamed chat completion is sent once the engine is ready.
     type: dict
@@ -39,10 +46,26 @@ started_at: {description: Container start time (epoch seconds)., returned: alway
 seconds_to_health: {description: Seconds from container start to /health 200., returned: success, type: float}
 seconds_to_first_token: {description: Seconds from container start to the first streamed token., returned: when chat is set, type: float}
 first_token_latency: {description: TTFT of the probe request itself, in seconds., returned: when chat is set, type: float}
+seconds_to_container_start:
+  description: Seconds from the restart request to the container's start (stopping the old engine included).
+  returned: when restart is set
+  type: float
+phases:
+  description:
+    - Seconds from the container's start to each start-up phase, from the timestamps of the engine's log lines
+      (null when the line is absent, e.g. no CUDA graphs on the CPU build); keys weights_loaded, compiled,
+      graphs_captured, engine_initialised, api_started.
+  returned: success
+  type: dict
+logged_durations:
+  description: What vLLM itself logged, in seconds - weights_loading, model_loading, torch_compile, graph_capture, engine_init.
+  returned: success
+  type: dict
 log_tail: {description: Last engine log lines., returned: on failure, type: list}
 """
 
 import json
+import re
 import ssl
 import time
 import urllib.error
@@ -110,6 +133,54 @@ def first_token(chat: dict) -> float:
     raise RuntimeError("the stream ended without a content token")
 
 
+# vLLM's start-up log lines (vllm/model_executor/model_loader/default_loader.py "Loading weights took",
+# vllm/v1/worker/gpu_model_runner.py "Model loading took" and "Graph capturing finished in",
+# vllm/compilation/monitor.py "torch.compile takes", vllm/v1/engine/core.py "init engine (profile, create kv
+# cache, warmup model) took"; uvicorn's "Application startup complete" once the API server listens).
+PHASE_MARKERS = {
+    "weights_loaded": "Model loading took",
+    "compiled": "torch.compile takes",
+    "graphs_captured": "Graph capturing finished in",
+    "engine_initialised": "init engine (profile, create kv cache, warmup model) took",
+    "api_started": "Application startup complete",
+}
+LOGGED_DURATIONS = {
+    "weights_loading": re.compile(r"Loading weights took ([0-9.]+) s"),
+    "model_loading": re.compile(r"Model loading took [0-9.]+ GiB(?: memory)? and ([0-9.]+) s"),
+    "torch_compile": re.compile(r"torch\.compile takes ([0-9.]+) s in total"),
+    "graph_capture": re.compile(r"Graph capturing finished in ([0-9.]+) secs?"),
+    "engine_init": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s"),
+}
+
+
+def parse_start_phases(lines: list[str], started_at: float) -> tuple[dict, dict]:
+    """Read an engine start-up from its log.
+
+    Input: ``lines`` as ``docker logs --timestamps`` prints them ("<RFC 3339 time> <text>"), and the
+    container's start time ``started_at`` (epoch seconds). Output: ``(phases, logged)``:
+    ``phases[name]`` = seconds from the container's start to the FIRST line carrying that phase's marker
+    (PHASE_MARKERS), ``logged[name]`` = the duration vLLM printed itself, in seconds (LOGGED_DURATIONS).
+    A phase or duration whose line is missing is None. Lines without a parsable timestamp are skipped.
+    Raises nothing.
+    """
+    phases: dict = dict.fromkeys(PHASE_MARKERS)
+    logged: dict = dict.fromkeys(LOGGED_DURATIONS)
+    for line in lines:
+        stamp, _, text = line.partition(" ")
+        try:
+            at = parse_docker_time(stamp)
+        except ValueError:
+            continue
+        for name, marker in PHASE_MARKERS.items():
+            if phases[name] is None and marker in text:
+                phases[name] = round(at - started_at, 2)
+        for name, pattern in LOGGED_DURATIONS.items():
+            match = pattern.search(text)
+            if logged[name] is None and match:
+                logged[name] = float(match.group(1))
+    return phases, logged
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -118,6 +189,8 @@ def main() -> None:
             timeout=dict(type="int", default=900),
             poll_interval=dict(type="float", default=1.0),
             log_lines=dict(type="int", default=40),
+            restart=dict(type="bool", default=False),
+            stop_timeout=dict(type="int", default=30),
             chat=dict(
                 type="dict",
                 options=dict(
@@ -145,11 +218,18 @@ def main() -> None:
         state = client.inspect_container(params["container"])["State"]
     except docker.errors.NotFound:
         module.fail_json(msg=f"engine container '{params['container']}' does not exist")
-    if module.check_mode and not state.get("Running"):
-        module.exit_json(changed=False, skipped=True, msg="container not running (check mode)")
+    if module.check_mode and (params["restart"] or not state.get("Running")):
+        module.exit_json(changed=params["restart"], skipped=True, msg="not measured in check mode")
+    result = dict(changed=False)
+    if params["restart"]:
+        requested = time.time()
+        client.restart(params["container"], timeout=params["stop_timeout"])
+        result["changed"] = True
+        state = client.inspect_container(params["container"])["State"]
+        result["seconds_to_container_start"] = round(parse_docker_time(state["StartedAt"]) - requested, 2)
     started = parse_docker_time(state["StartedAt"])
     deadline = started + params["timeout"]
-    result = dict(changed=False, started_at=started)
+    result["started_at"] = started
     while True:
         state = client.inspect_container(params["container"])["State"]
         if not state.get("Running") or state.get("Restarting"):
@@ -173,6 +253,11 @@ def main() -> None:
             )
         time.sleep(params["poll_interval"])
 
+    since = int(started) - 1
+    raw = client.logs(params["container"], timestamps=True, since=since).decode("utf-8", "replace")
+    result["phases"], result["logged_durations"] = parse_start_phases(raw.splitlines(), started)
+    result["phases"]["health"] = result["seconds_to_health"]
+
     if params["chat"]:
         sent = time.time()
         try:
@@ -181,6 +266,7 @@ def main() -> None:
             module.fail_json(msg=f"engine is ready but the streamed probe through {params['chat']['url']} failed: {exc}", **result)
         result["first_token_latency"] = round(arrived - sent, 3)
         result["seconds_to_first_token"] = round(arrived - started, 2)
+        result["phases"]["first_token"] = result["seconds_to_first_token"]
     module.exit_json(**result)
 
 

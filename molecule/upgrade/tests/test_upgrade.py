@@ -1,0 +1,211 @@
+"""playbooks/upgrade.yml on a box converged with site.yml: a broken engine image rolls back by itself, a
+healthy one switches and records its cold start.
+
+Each upgrade is run the way an admin runs it: edit a pin in the lock file (the scenario's copy of the
+testbed's, written by prepare.yml), run ansible-playbook. While it runs, a client keeps asking the gateway
+and records what it is told. Traffic goes only to the testbed box (10.231.0.12).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import threading
+import time
+
+import httpx2 as httpx  # the HTTP client openai 3.x is built on
+import openai
+import pytest
+import yaml
+
+testinfra_hosts = ["ansible://upgrade-box"]
+
+PROJECT = pathlib.Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+SCENARIO = pathlib.Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
+INVENTORY = pathlib.Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
+CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed"))
+LOCK = SCENARIO / "group_vars" / "teamserve" / "lock.yml"
+TESTBED_VARS = PROJECT / "inventories" / "testbed" / "group_vars" / "teamserve"
+GATEWAY = "https://10.231.0.12:8443/v1"
+CA = CACHE / "caddy-root-upgrade-box.crt"
+
+
+def generated() -> dict:
+    return yaml.safe_load((TESTBED_VARS / "generated.yml").read_text())
+
+
+def user_key(name: str) -> str:
+    out = subprocess.run(
+        [str(PROJECT / ".venv/bin/ansible-vault"), "view", "--vault-password-file", str(CACHE / "vault-pass"),
+         str(TESTBED_VARS / "vault.yml")], check=True, capture_output=True, text=True).stdout
+    return yaml.safe_load(out)["vault_caddy_user_keys"][name]
+
+
+def set_pin(digest: str) -> None:
+    """Change the engine image digest in the scenario's lock file, keeping every other line."""
+    lines = LOCK.read_text().splitlines()
+    out = [f'vllm_image_digest: "{digest}"' if line.startswith("vllm_image_digest:") else line for line in lines]
+    assert out != lines or f'"{digest}"' in LOCK.read_text()
+    LOCK.write_text("\n".join(out) + "\n")
+
+
+def run_upgrade() -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
+               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run(
+        [str(PROJECT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), str(PROJECT / "playbooks/upgrade.yml")],
+        env=env, capture_output=True, text=True, timeout=1500, check=False)
+
+
+class GatewayWatcher(threading.Thread):
+    """Asks the gateway for /v1/models every 0.5 s while an upgrade runs; keeps (status, code, Retry-After)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(daemon=True)
+        self.key, self.seen, self.done = key, [], threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(verify=str(CA), timeout=10) as http:
+            while not self.done.is_set():
+                try:
+                    response = http.get(GATEWAY + "/models", headers={"Authorization": f"Bearer {self.key}"})
+                    code = response.json().get("error", {}).get("code") if response.status_code != 200 else None
+                    self.seen.append((response.status_code, code, response.headers.get("Retry-After")))
+                except (httpx.HTTPError, ValueError) as exc:
+                    self.seen.append((0, type(exc).__name__, None))
+                time.sleep(0.5)
+
+    def stop(self) -> list:
+        self.done.set()
+        self.join(20)
+        return self.seen
+
+
+def engine(host) -> dict:
+    return json.loads(host.check_output("docker inspect vllm"))[0]
+
+
+def history(host) -> list:
+    content = host.file("/var/lib/teamserve/upgrades.jsonl")
+    return [json.loads(line) for line in content.content_string.splitlines()] if content.exists else []
+
+
+def deployed_pins(host) -> dict:
+    return json.loads(host.file("/var/lib/teamserve/lock.json").content_string)["pins"]
+
+
+def stream_through_gateway(key: str) -> str:
+    client = openai.OpenAI(base_url=GATEWAY, api_key=key, http_client=httpx.Client(verify=str(CA)),
+                           max_retries=0, timeout=120)
+    parts = []
+    for chunk in client.chat.completions.create(model="tiny", stream=True, max_tokens=16,
+                                                messages=[{"role": "user", "content": "Hello"}]):
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    return "".join(parts)
+
+
+@pytest.fixture(scope="module")
+def before(host) -> dict:
+    """The box as site.yml left it."""
+    return {"engine": engine(host), "pins": deployed_pins(host), "history": history(host)}
+
+
+@pytest.fixture(scope="module")
+def broken_upgrade(host, before) -> dict:
+    """Pin the digest of the engine image that never becomes ready and run the upgrade."""
+    assert generated()["testbed_vllm_image_broken_digest"].startswith("sha256:")
+    watcher = GatewayWatcher(user_key("bob"))
+    watcher.start()
+    set_pin(generated()["testbed_vllm_image_broken_digest"])
+    started = time.monotonic()
+    try:
+        result = run_upgrade()
+    finally:
+        set_pin(before["pins"]["vllm_image_digest"])  # what the admin does after a rollback
+    return {"result": result, "seconds": time.monotonic() - started, "seen": watcher.stop(),
+            "engine": engine(host), "pins": deployed_pins(host), "history": history(host)}
+
+
+@pytest.fixture(scope="module")
+def healthy_upgrade(host, broken_upgrade) -> dict:
+    """Then pin the rebuilt (healthy) image's digest and run the upgrade again."""
+    digest = generated()["testbed_vllm_image_rebuild_digest"]
+    assert digest.startswith("sha256:")
+    watcher = GatewayWatcher(user_key("bob"))
+    watcher.start()
+    set_pin(digest)
+    result = run_upgrade()
+    return {"result": result, "digest": digest, "seen": watcher.stop(), "engine": engine(host),
+            "pins": deployed_pins(host), "history": history(host)}
+
+
+def test_site_recorded_the_pins_it_deployed(before):
+    lock = yaml.safe_load(LOCK.read_text())
+    assert before["pins"]["vllm_image_digest"] == generated()["testbed_vllm_image_digest"]
+    assert before["pins"]["caddy_version"] == lock["caddy_version"]
+    assert before["engine"]["Image"].startswith("sha256:")
+
+
+def test_broken_upgrade_fails_and_says_it_rolled_back(broken_upgrade):
+    result = broken_upgrade["result"]
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "rolled back" in result.stdout, result.stdout[-3000:]
+    assert "Wait for the engine to load the model and answer /health" in result.stdout
+    # Derived readiness timeout: about 2 x the first deploy's cold start, not the 900 s budget.
+    assert broken_upgrade["seconds"] < 600, broken_upgrade["seconds"]
+
+
+def test_broken_upgrade_left_the_box_as_it_was(before, broken_upgrade):
+    assert broken_upgrade["pins"] == before["pins"]
+    now, then = broken_upgrade["engine"], before["engine"]
+    assert now["Config"]["Image"] == then["Config"]["Image"]
+    assert now["Args"] == then["Args"]
+    assert now["State"]["Running"] and now["State"]["Health"]["Status"] in ("healthy", "starting")
+
+
+def test_broken_upgrade_serves_again_through_the_gateway(broken_upgrade):
+    assert stream_through_gateway(user_key("alice"))
+
+
+def test_broken_upgrade_recorded_as_rolled_back(before, broken_upgrade):
+    new = broken_upgrade["history"][len(before["history"]):]
+    assert [r["outcome"] for r in new] == ["rolled_back"]
+    record = new[0]
+    assert record["to"] == {"vllm_image_digest": generated()["testbed_vllm_image_broken_digest"]}
+    assert record["from"] == {"vllm_image_digest": before["pins"]["vllm_image_digest"]}
+    assert "health" in record["failed_task"] and "not ready" in record["reason"]
+
+
+def test_users_were_told_maintenance_then_served(broken_upgrade):
+    seen = broken_upgrade["seen"]
+    maintenance = [s for s in seen if s[0] == 503 and s[1] == "maintenance"]
+    assert maintenance, seen
+    assert all(int(s[2]) > 0 for s in maintenance)
+    assert seen[-1][0] == 200, seen[-10:]
+
+
+def test_healthy_upgrade_switches(healthy_upgrade):
+    result = healthy_upgrade["result"]
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert healthy_upgrade["pins"]["vllm_image_digest"] == healthy_upgrade["digest"]
+    assert healthy_upgrade["engine"]["Config"]["Image"].endswith(healthy_upgrade["digest"])
+    assert stream_through_gateway(user_key("alice"))
+
+
+def test_healthy_upgrade_recorded_with_its_cold_start(broken_upgrade, healthy_upgrade, host):
+    new = healthy_upgrade["history"][len(broken_upgrade["history"]):]
+    assert [r["outcome"] for r in new] == ["succeeded"]
+    assert float(new[0]["seconds_to_health"]) > 0
+    load = new[0]["load_test"]
+    assert load and load["passed"], load
+    starts = [json.loads(line) for line in host.file("/var/lib/teamserve/cold-start.jsonl").content_string.splitlines()]
+    assert starts[-1]["trigger"] == "deploy" and starts[-1]["image"].endswith(healthy_upgrade["digest"])
+
+
+def test_second_run_has_nothing_to_upgrade(healthy_upgrade):
+    result = run_upgrade()
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "nothing to upgrade" in result.stdout

@@ -1,0 +1,73 @@
+"""Cold-start phases read from the engine log (roles/vllm/library/vllm_engine_probe.py) and the lock keys."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("vllm_engine_probe", ROOT / "roles/vllm/library/vllm_engine_probe.py")
+probe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(probe)
+
+STARTED = probe.parse_docker_time("2026-11-30T10:00:00.000000000Z")
+
+# The shape of a vLLM 0.32 V1 start-up on a GPU (docker logs --timestamps); line texts as vLLM prints them
+# (see the markers' sources in the module). The CPU build prints the same lines except graph capture.
+GPU_LOG = """\
+2026-11-30T10:00:01.500000000Z INFO 11-30 10:00:01 [api_server.py:1000] vLLM API server version 0.32.0
+2026-11-30T10:00:30.250000000Z (EngineCore pid=80) INFO 11-30 10:00:30 [default_loader.py:397] Loading weights took 26.93 seconds
+2026-11-30T10:00:31.000000000Z (EngineCore pid=80) INFO 11-30 10:00:31 [gpu_model_runner.py:295] Model loading took 7.64 GiB memory and 28.969258 seconds
+2026-11-30T10:00:45.000000000Z (EngineCore pid=80) INFO 11-30 10:00:45 [monitor.py:34] torch.compile takes 12.51 s in total
+not a log line
+2026-11-30T10:00:46.000000000Z (EngineCore pid=80) INFO 11-30 10:00:46 [kv_cache_utils.py:1000] GPU KV cache size: 613,024 tokens
+2026-11-30T10:01:03.000000000Z (EngineCore pid=80) INFO 11-30 10:01:03 [gpu_model_runner.py:1608] Graph capturing finished in 17 secs, took 0.48 GiB
+2026-11-30T10:01:03.500000000Z (EngineCore pid=80) INFO 11-30 10:01:03 [core.py:162] init engine (profile, create kv cache, warmup model) took 34.11 seconds
+2026-11-30T10:01:05.000000000Z (APIServer pid=1) INFO:     Application startup complete.
+2026-11-30T10:01:09.000000000Z (EngineCore pid=80) INFO 11-30 10:01:09 [monitor.py:34] torch.compile takes 99.0 s in total
+"""
+
+
+def test_phases_are_seconds_from_container_start():
+    phases, logged = probe.parse_start_phases(GPU_LOG.splitlines(), STARTED)
+    assert phases == {
+        "weights_loaded": 31.0,
+        "compiled": 45.0,
+        "graphs_captured": 63.0,
+        "engine_initialised": 63.5,
+        "api_started": 65.0,
+    }
+    # The first occurrence counts; later repeats (a second compile) do not move a phase.
+    assert logged == {
+        "weights_loading": 26.93,
+        "model_loading": 28.969258,
+        "torch_compile": 12.51,
+        "graph_capture": 17.0,
+        "engine_init": 34.11,
+    }
+
+
+def test_missing_phases_are_none_not_zero():
+    cpu_log = [line for line in GPU_LOG.splitlines() if "Graph capturing" not in line]
+    phases, logged = probe.parse_start_phases(cpu_log, STARTED)
+    assert phases["graphs_captured"] is None and logged["graph_capture"] is None
+    assert phases["api_started"] == 65.0
+    assert probe.parse_start_phases([], STARTED) == (dict.fromkeys(probe.PHASE_MARKERS), dict.fromkeys(probe.LOGGED_DURATIONS))
+
+
+def test_older_model_loading_wording_is_read():
+    # vLLM 0.9-era wording, without "memory" (seen in public start-up logs).
+    line = "2026-11-30T10:00:02.000000000Z INFO [gpu_model_runner.py:1273] Model loading took 3.4213 GiB and 0.902026 seconds"
+    phases, logged = probe.parse_start_phases([line], STARTED)
+    assert phases["weights_loaded"] == 2.0 and logged["model_loading"] == 0.902026
+
+
+def test_lock_files_hold_exactly_the_lock_keys():
+    keys = yaml.safe_load((ROOT / "playbooks/vars/lock.yml").read_text())["teamserve_lock_keys"]
+    for inventory in ("example", "testbed"):
+        lock = yaml.safe_load((ROOT / "inventories" / inventory / "group_vars/teamserve/lock.yml").read_text())
+        assert sorted(lock) == sorted(keys), inventory
+    gpu_keys = yaml.safe_load((ROOT / "playbooks/vars/lock.yml").read_text())["teamserve_lock_gpu_host_keys"]
+    assert set(gpu_keys) <= set(keys)
