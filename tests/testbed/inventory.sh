@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Write the testbed inventory's generated files (both gitignored):
-#   group_vars/teamserve/vault.yml      the testbed's secrets (engine key, user keys), random, vault-encrypted
+#   group_vars/teamserve/vault.yml      the testbed's secrets (engine key, user keys, HF token), random, vault-encrypted
 #                                       with $TESTBED_CACHE/vault-pass (mode 0600); kept across runs
 #   group_vars/teamserve/generated.yml  what the harness built: the engine image digests, the apt key
 source "$(dirname "$0")/lib.sh"
@@ -26,6 +26,20 @@ YAML
   "$ansible_vault" encrypt --vault-password-file "$pass" --output "$gv/vault.yml" "$tmp" >/dev/null
   rm -f "$tmp"
 fi
+
+# vault_vllm_hf_token: the stand-in hub's token ($TESTBED_CACHE/hf-token, tests/testbed/hf-hub.sh). Added
+# to a vault made before the hub existed, and rewritten if the cached token changed; nothing else in the
+# vault is touched.
+hf_token=$(<"$(ensure_hf_token)")
+tmp=$(mktemp)
+"$ansible_vault" view --vault-password-file "$pass" "$gv/vault.yml" >"$tmp"
+if ! grep -qxF "vault_vllm_hf_token: \"$hf_token\"" "$tmp"; then
+  log "writing vault_vllm_hf_token into the testbed's vault"
+  grep -v '^vault_vllm_hf_token:' "$tmp" >"$tmp.new"
+  printf 'vault_vllm_hf_token: "%s"\n' "$hf_token" >>"$tmp.new"
+  "$ansible_vault" encrypt --vault-password-file "$pass" --output "$gv/vault.yml" "$tmp.new" >/dev/null
+fi
+rm -f "$tmp" "$tmp.new"
 
 # shellcheck disable=SC1091
 source "$TESTBED_CACHE/engine-image.env"

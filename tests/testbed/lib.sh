@@ -39,3 +39,14 @@ ensure_networks() {
         --ip-range "10.${name##*:}.0.128/25" "$net" >/dev/null
   done
 }
+
+# The Hugging Face token of the stand-in hub (tests/testbed/hf-hub.sh): $TESTBED_CACHE/hf-token, root
+# only, made on first use in the shape of a real HF user access token ("hf_" + 34 letters). Prints its path.
+ensure_hf_token() {
+  local file="$TESTBED_CACHE/hf-token"
+  if [[ ! -s $file ]]; then
+    (umask 077; printf 'hf_%s\n' "$(tr -dc 'A-Za-z' </dev/urandom | head -c 34)" >"$file.tmp" && mv "$file.tmp" "$file")
+  fi
+  chmod 0600 "$file"
+  printf '%s\n' "$file"
+}

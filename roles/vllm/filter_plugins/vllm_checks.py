@@ -1,0 +1,170 @@
+"""Input and host checks of the vllm role that run before anything changes.
+
+* ``vllm_weights_source``: where the weights come from — a path inside the engine image/container, or a
+  Hugging Face repository pinned to a commit (the role downloads it to the host's HF cache).
+* ``vllm_max_model_len``: the ``--max-model-len`` the engine gets, refused above the model's own limit
+  (vLLM 0.32 ``vllm/config/model.py`` ``_get_and_verify_max_len`` raises the same at start-up, after
+  the old engine is gone, unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``).
+* ``vllm_cuda_check``: the engine image's CUDA requirement against what the driver supports.
+* ``vllm_gpu_holders``: ``nvidia-smi --query-compute-apps`` rows as readable text for error messages.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+try:  # The pure functions below are unit-tested without Ansible's error type.
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # pragma: no cover
+    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# Hugging Face repo ids: OWNER/NAME, letters, digits, '-', '_', '.' (huggingface_hub validate_repo_id).
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_SMI_CUDA = re.compile(r"CUDA Version:\s*(\d+)\.(\d+)")
+_REQUIRE_CUDA = re.compile(r"^cuda>=(\d+)\.(\d+)$")
+
+
+def vllm_weights_source(model: Mapping[str, Any]) -> dict[str, Any]:
+    """Classify ``vllm_model`` by where its weights come from.
+
+    Input: the model profile (keys ``name`` and optional ``revision``).
+    Output: ``{"kind": "local", "path": name}`` for an absolute path (weights inside the image or a
+    mounted directory: nothing is downloaded), or ``{"kind": "hub", "repo_id", "revision",
+    "cache_subdir": "models--OWNER--NAME"}`` (huggingface_hub's ``repo_folder_name``).
+    Raises AnsibleFilterError naming the field, the value and the fix when a repository has no revision
+    or a revision that is not a 40-hex commit (a branch or tag moves under a deployed box), when a local
+    path carries a revision, or when the name is neither an absolute path nor ``OWNER/NAME``.
+    """
+    name = str(model.get("name") or "")
+    revision = model.get("revision")
+    if name.startswith("/"):
+        if revision not in (None, ""):
+            raise AnsibleFilterError(
+                f"vllm_model.revision: '{revision}' is set, but vllm_model.name '{name}' is a path in the "
+                "container, which has no revisions; remove vllm_model.revision or use a Hugging Face repo id")
+        return {"kind": "local", "path": name}
+    if not _REPO_ID.match(name):
+        raise AnsibleFilterError(
+            f"vllm_model.name: '{name}' is neither a Hugging Face repo id (OWNER/NAME) nor an absolute path "
+            "inside the engine container; fix the profile")
+    if revision in (None, ""):
+        raise AnsibleFilterError(
+            f"vllm_model.revision is missing for '{name}': pin the 40-hex commit id you tested (e.g. "
+            f"`git ls-remote https://huggingface.co/{name} refs/heads/main`), so every box serves the "
+            "same weights")
+    if not _COMMIT.match(str(revision)):
+        raise AnsibleFilterError(
+            f"vllm_model.revision: '{revision}' is not a 40-hex commit id; a branch or tag can move under a "
+            f"deployed box. Pin the commit (e.g. `git ls-remote https://huggingface.co/{name} {revision}`)")
+    return {"kind": "hub", "repo_id": name, "revision": str(revision),
+            "cache_subdir": "models--" + name.replace("/", "--")}
+
+
+def vllm_max_model_len(limit: Any, workload: Mapping[str, Any], flags: Mapping[str, Any] | None = None) -> int:
+    """The engine's ``--max-model-len`` (an override in ``vllm_flags`` wins over the workload's maximum).
+
+    Inputs: ``limit`` — the model's own limit in tokens (the planner's ``numbers.model_max_len``:
+    ``max_position_embeddings`` or the other length keys of config.json, times the RoPE scaling factor,
+    as vLLM 0.32 derives it); ``workload`` — ``vllm_workload`` (``max_context_tokens``); ``flags`` —
+    ``vllm_flags``. Output: the effective value, tokens.
+    Raises AnsibleFilterError naming the field, the value, the limit and the fix when it exceeds the limit.
+    """
+    flags = flags or {}
+    if flags.get("max-model-len") is not None:
+        field, value = "vllm_flags.max-model-len", flags["max-model-len"]
+    else:
+        field, value = "vllm_workload.max_context_tokens", workload.get("max_context_tokens")
+    try:
+        value, limit = int(value), int(limit)
+    except (TypeError, ValueError) as err:
+        raise AnsibleFilterError(f"{field}: '{value}' is not a number of tokens") from err
+    if value > limit:
+        raise AnsibleFilterError(
+            f"{field}: {value} tokens is above the model's own limit of {limit} (max_position_embeddings and "
+            f"RoPE scaling in vllm_model.config); vLLM would refuse to start. Use at most {limit}, or a model "
+            "(or RoPE scaling) made for longer contexts")
+    return value
+
+
+def _require_cuda(env: Mapping[str, str]) -> tuple[tuple[int, int], str] | None:
+    """The minimum CUDA version an image declares: ``cuda>=X.Y`` of NVIDIA_REQUIRE_CUDA, else CUDA_VERSION."""
+    for alternative in env.get("NVIDIA_REQUIRE_CUDA", "").split():
+        # Space-separated alternatives are ORed, comma-separated constraints ANDed (libnvidia-container).
+        # The brand=...,driver>=N alternatives admit older datacenter drivers only through the image's
+        # CUDA forward-compatibility libraries, which vLLM's images switch off
+        # (VLLM_ENABLE_CUDA_COMPATIBILITY=0): the driver itself must support the image's CUDA.
+        match = _REQUIRE_CUDA.match(alternative)
+        if match:
+            return (int(match.group(1)), int(match.group(2))), f"NVIDIA_REQUIRE_CUDA={alternative}"
+    version = env.get("CUDA_VERSION", "")
+    match = re.match(r"^(\d+)\.(\d+)", version)
+    if match:
+        return (int(match.group(1)), int(match.group(2))), f"CUDA_VERSION={version}"
+    return None
+
+
+def vllm_cuda_check(image_env: Any, nvidia_smi: str, image: str = "the engine image") -> dict[str, Any]:
+    """Check that the driver supports the CUDA version the engine image was built for.
+
+    Inputs: ``image_env`` — the image's ``Config.Env`` (list of ``KEY=value``, as ``docker image inspect``
+    returns it) or a dict; ``nvidia_smi`` — the plain ``nvidia-smi`` output, whose header line carries
+    ``CUDA Version: X.Y`` (the newest CUDA the loaded driver supports, e.g. 13.0 for R580 drivers such
+    as 580.95.05); ``image`` — the reference, for messages.
+    Output: ``{"required": "X.Y" | None, "source": str, "driver": "X.Y" | None}``; ``required`` is None
+    for an image without a CUDA requirement (a CPU build), and the driver is then not consulted.
+    Raises AnsibleFilterError with "upgrade the driver or pin an older image" when the driver's CUDA is
+    older than the image's, or when the nvidia-smi output has no CUDA version (driver not loaded).
+    """
+    env = dict(image_env) if isinstance(image_env, Mapping) else dict(
+        str(item).split("=", 1) for item in (image_env or []) if "=" in str(item))
+    required = _require_cuda(env)
+    if required is None:
+        return {"required": None, "source": "no CUDA requirement in the image", "driver": None}
+    (need_major, need_minor), source = required
+    match = _SMI_CUDA.search(nvidia_smi or "")
+    if not match:
+        first = (nvidia_smi or "").strip().splitlines()[:1] or ["no output"]
+        raise AnsibleFilterError(
+            f"{image} needs CUDA >= {need_major}.{need_minor} ({source}), but nvidia-smi reports no CUDA "
+            f"version ('{first[0]}'); is the NVIDIA driver loaded? Fix the driver before switching images")
+    have = (int(match.group(1)), int(match.group(2)))
+    if have < (need_major, need_minor):
+        raise AnsibleFilterError(
+            f"{image} needs CUDA >= {need_major}.{need_minor} ({source}), but the installed NVIDIA driver "
+            f"supports CUDA {have[0]}.{have[1]} at most (nvidia-smi): upgrade the driver (nvidia_driver_version) "
+            "or pin an older image built for that CUDA. The running engine was left untouched")
+    return {"required": f"{need_major}.{need_minor}", "source": source, "driver": f"{have[0]}.{have[1]}"}
+
+
+def vllm_gpu_holders(csv_text: str) -> list[str]:
+    """Describe GPU processes from ``nvidia-smi --query-compute-apps=pid,process_name,used_memory
+    --format=csv,noheader,nounits`` output (one ``PID, NAME, MIB`` line each).
+
+    Output: ``["pid 4242 (/usr/bin/python3, 1024 MiB)", ...]``; blank lines are skipped, a line that does
+    not split into three fields is kept verbatim. Raises nothing.
+    """
+    holders = []
+    for line in (csv_text or "").splitlines():
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 3:
+            mib = fields[2] if fields[2].endswith("MiB") else f"{fields[2]} MiB"
+            holders.append(f"pid {fields[0]} ({fields[1]}, {mib})")
+        else:
+            holders.append(line.strip())
+    return holders
+
+
+class FilterModule:
+    """Ansible filters of the vllm role (checks)."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "vllm_weights_source": vllm_weights_source,
+            "vllm_max_model_len": vllm_max_model_len,
+            "vllm_cuda_check": vllm_cuda_check,
+            "vllm_gpu_holders": vllm_gpu_holders,
+        }

@@ -1,0 +1,124 @@
+#!/usr/bin/python
+"""Ansible module: is a Hugging Face model snapshot complete in the host's HF cache? (read-only)"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_hf_snapshot
+short_description: Report whether a pinned Hugging Face snapshot is complete in an HF hub cache
+description:
+  - Reads the hub cache layout of C(huggingface_hub) 2.x (the version in the pinned engine image,
+    C(huggingface_hub/_snapshot_download.py) and C(_tree_cache.py)) -
+    C(<cache_dir>/models--OWNER--NAME/trees/<revision>.json) lists every file of the repository at that
+    commit (written by C(snapshot_download) before it fetches the files), and each must exist under
+    C(snapshots/<revision>/). Files matching O(exclude) are not expected (the same C(fnmatchcase) rules as
+    C(huggingface_hub.utils.filter_repo_objects); a pattern ending in C(/) matches everything below it).
+  - Without the tree listing the snapshot counts as incomplete (a download then writes it).
+  - Changes nothing; supports check mode.
+options:
+  cache_dir:
+    description: The HF hub cache on the host (C(HF_HOME/hub) of the engine container).
+    type: path
+    required: true
+  repo_id:
+    description: Repository id, C(OWNER/NAME).
+    type: str
+    required: true
+  revision:
+    description: The pinned commit (40 hex digits).
+    type: str
+    required: true
+  exclude:
+    description: Glob patterns of repository files that are not downloaded.
+    type: list
+    elements: str
+    default: []
+author: teamserve
+"""
+
+RETURN = r"""
+complete:
+  description: Every expected file of the commit is in the snapshot directory.
+  type: bool
+  returned: always
+snapshot:
+  description: The snapshot directory on the host.
+  type: str
+  returned: always
+expected:
+  description: Number of files the commit has after O(exclude) (0 when the tree listing is missing).
+  type: int
+  returned: always
+missing:
+  description: Up to 10 expected files that are not there (or the tree listing itself).
+  type: list
+  elements: str
+  returned: always
+"""
+
+import json
+import os
+import re
+from fnmatch import fnmatchcase
+
+from ansible.module_utils.basic import AnsibleModule
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def snapshot_status(cache_dir: str, repo_id: str, revision: str, exclude: list[str] | None = None) -> dict:
+    """Check one snapshot in a huggingface_hub cache.
+
+    Inputs: ``cache_dir`` (the hub cache, e.g. ``/var/lib/teamserve/vllm/huggingface/hub``), ``repo_id``
+    (``owner/name``), ``revision`` (40-hex commit), ``exclude`` (glob patterns of skipped files).
+    Output: ``{"complete": bool, "snapshot": str, "expected": int, "missing": [str, ...] (at most 10)}``.
+    Layout (huggingface_hub 2.x ``repo_folder_name`` and ``_tree_cache``): ``models--OWNER--NAME/
+    trees/<commit>.json`` = ``{"format_version": 1, "files": {path: {...}}}``, files under
+    ``snapshots/<commit>/<path>`` (symlinks into ``blobs/``; a dangling link counts as missing).
+    Raises ValueError for a repo id that is not ``owner/name`` or a revision that is not a commit id.
+    """
+    if not _REPO_ID.match(repo_id or ""):
+        raise ValueError(f"repo_id '{repo_id}' is not OWNER/NAME")
+    if not _COMMIT.match(revision or ""):
+        raise ValueError(f"revision '{revision}' is not a 40-hex commit id")
+    storage = os.path.join(cache_dir, "models--" + repo_id.replace("/", "--"))
+    snapshot = os.path.join(storage, "snapshots", revision)
+    tree_file = os.path.join(storage, "trees", revision + ".json")
+    result = {"complete": False, "snapshot": snapshot, "expected": 0, "missing": []}
+    try:
+        with open(tree_file, encoding="utf-8") as handle:
+            tree = json.load(handle)
+        files = tree["files"] if tree.get("format_version") == 1 else None
+    except (OSError, ValueError, KeyError, AttributeError):
+        files = None
+    if not isinstance(files, dict) or not files:
+        result["missing"] = [os.path.relpath(tree_file, storage)]
+        return result
+    patterns = [p + "*" if p.endswith("/") else p for p in (exclude or [])]
+    expected = [path for path in files if not any(fnmatchcase(path, p) for p in patterns)]
+    missing = [path for path in expected if not os.path.isfile(os.path.join(snapshot, *path.split("/")))]
+    result.update(expected=len(expected), missing=missing[:10], complete=not missing)
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "cache_dir": {"type": "path", "required": True},
+            "repo_id": {"type": "str", "required": True},
+            "revision": {"type": "str", "required": True},
+            "exclude": {"type": "list", "elements": "str", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        status = snapshot_status(module.params["cache_dir"], module.params["repo_id"],
+                                 module.params["revision"], module.params["exclude"])
+    except ValueError as err:
+        module.fail_json(msg=f"vllm_hf_snapshot: {err}")
+    module.exit_json(changed=False, **status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Testbed stand-ins the vllm role is tested against: the Hugging Face Hub (tests/testbed/hf-hub/) and the
+nvidia-smi answers the role reads (header CUDA version, --query-compute-apps)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import pathlib
+import re
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TESTBED = REPO / "tests" / "testbed"
+REV = re.search(r"^HF_REVISION=([0-9a-f]{40})$", (TESTBED / "hf-hub.sh").read_text(), re.M).group(1)
+TOKEN = "hf_" + "A" * 34
+
+_spec = importlib.util.spec_from_file_location("hub_server", TESTBED / "hf-hub" / "hub_server.py")
+hub_server = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hub_server)
+
+
+def test_testbed_inventory_pins_the_hubs_repository_and_commit():
+    inv = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())
+    repo = re.search(r"^HF_REPO=(\S+)$", (TESTBED / "hf-hub.sh").read_text(), re.M).group(1)
+    assert inv["vllm_model"]["name"] == repo
+    assert inv["vllm_model"]["revision"] == REV
+    assert inv["vllm_hf_endpoint"] == "http://10.231.0.4"
+
+
+@pytest.fixture()
+def hub(tmp_path):
+    """The stand-in hub on a free loopback port, serving a small repository."""
+    root = tmp_path / "root" / "teamserve" / "tiny-llama"
+    root.mkdir(parents=True)
+    (root / "config.json").write_text('{"model_type": "llama"}')
+    (root / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    handler = type("H", (hub_server.Handler,), {})
+    handler.repo = hub_server.Repo(tmp_path / "root", "teamserve/tiny-llama", REV)
+    handler.token_file = token_file
+    handler.stats = {}
+    server = hub_server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", root
+    server.shutdown()
+    server.server_close()
+
+
+def call(url: str, token: str | None = TOKEN, method: str = "GET", headers: dict | None = None):
+    req = urllib.request.Request(url, method=method, headers=dict(headers or {}))
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def test_tree_lists_files_with_git_and_lfs_ids(hub):
+    url, root = hub
+    status, _, body = call(f"{url}/api/models/teamserve/tiny-llama/tree/{REV}?recursive=True&expand=False")
+    assert status == 200
+    tree = {e["path"]: e for e in json.loads(body)}
+    config = (root / "config.json").read_bytes()
+    assert tree["config.json"]["oid"] == hashlib.sha1(b"blob %d\x00" % len(config) + config).hexdigest()
+    weights = (root / "model.safetensors").read_bytes()
+    assert tree["model.safetensors"]["lfs"] == {"oid": hashlib.sha256(weights).hexdigest(), "size": len(weights),
+                                                "pointerSize": tree["model.safetensors"]["lfs"]["pointerSize"]}
+
+
+def test_resolve_gives_the_metadata_snapshot_download_needs(hub):
+    url, root = hub
+    status, headers, body = call(f"{url}/teamserve/tiny-llama/resolve/{REV}/model.safetensors", method="HEAD")
+    weights = (root / "model.safetensors").read_bytes()
+    assert status == 200 and body == b""
+    assert headers["X-Repo-Commit"] == REV
+    assert headers["ETag"] == headers["X-Linked-Etag"] == f'"{hashlib.sha256(weights).hexdigest()}"'
+    assert int(headers["X-Linked-Size"]) == int(headers["Content-Length"]) == len(weights)
+    status, headers, body = call(f"{url}/teamserve/tiny-llama/resolve/{REV}/model.safetensors",
+                                 headers={"Range": "bytes=100-"})
+    assert status == 206 and body == weights[100:]
+
+
+def test_every_hub_call_needs_the_token(hub):
+    url, _ = hub
+    status, headers, _ = call(f"{url}/api/models/teamserve/tiny-llama/tree/{REV}", token=None)
+    assert status == 401 and headers["X-Error-Code"] == "RepoNotFound"
+    status, _, _ = call(f"{url}/teamserve/tiny-llama/resolve/{REV}/config.json", token="hf_wrong")
+    assert status == 401
+    status, _, body = call(f"{url}/_testbed/stats", token=None)
+    assert json.loads(body) == {"unauthorized": 2}
+
+
+def test_unknown_revision_and_file_map_to_the_hubs_error_codes(hub):
+    url, _ = hub
+    _, headers, _ = call(f"{url}/api/models/teamserve/tiny-llama/tree/{'0' * 40}")
+    assert headers["X-Error-Code"] == "RevisionNotFound"
+    status, headers, _ = call(f"{url}/teamserve/tiny-llama/resolve/{REV}/nope.json")
+    assert status == 404 and headers["X-Error-Code"] == "EntryNotFound" and headers["X-Repo-Commit"] == REV
+
+
+# --- nvidia-smi ------------------------------------------------------------------------------------------
+@pytest.fixture()
+def nvidia_smi(tmp_path):
+    """The stand-in as packaged for driver 580.95.05, reading its override files from tmp_path."""
+    text = (TESTBED / "nvidia" / "bin" / "nvidia-smi").read_text().replace("@DRIVER_VERSION@", "580.95.05")
+    text = text.replace("/etc/teamserve-testbed/", f"{tmp_path}/")
+    script = tmp_path / "nvidia-smi"
+    script.write_text(text)
+    script.chmod(0o755)
+    return script
+
+
+def test_header_says_what_the_real_580_driver_says(nvidia_smi):
+    out = subprocess.run([nvidia_smi], check=True, capture_output=True, text=True).stdout.splitlines()
+    assert out[2] == ("| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      "
+                      "CUDA Version: 13.0     |")
+    assert {len(line) for line in out[1:] if line} == {91}
+
+
+def test_compute_apps_lists_the_configured_holders(nvidia_smi, tmp_path):
+    query = [nvidia_smi, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]
+    assert subprocess.run(query, check=True, capture_output=True, text=True).stdout == ""
+    (tmp_path / "gpu-processes.csv").write_text("# a holder\n4242, /usr/bin/python3, 1024\n")
+    assert subprocess.run(query, check=True, capture_output=True, text=True).stdout == "4242, /usr/bin/python3, 1024\n"
+    (tmp_path / "gpu.env").write_text("TESTBED_CUDA_VERSION=12.8\n")
+    assert "CUDA Version: 12.8 " in subprocess.run([nvidia_smi], check=True, capture_output=True, text=True).stdout

@@ -1,0 +1,111 @@
+"""roles/vllm/tasks/assert.yml refuses bad input with a message naming the field, the value and the fix.
+
+One ansible-playbook run on localhost: each case is an inventory host of its own (facts set by one case
+cannot leak into another), with its variables; a block/rescue records the outcome per case.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+REV = "ef486eba9ff0b47394b3d9daf8a30e736bf68ef8"
+TINY = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())["vllm_model"]
+HUB_MODEL = dict(TINY, name="teamserve/tiny-llama", revision=REV)
+LOCAL_MODEL = {k: v for k, v in TINY.items() if k != "revision"} | {"name": "/opt/models/teamserve-tiny"}
+WORKLOAD = {"concurrent_sequences": 8, "avg_context_tokens": 1000, "max_context_tokens": 2048}
+
+CASES = {
+    "ok_local": ({"vllm_model": LOCAL_MODEL}, None),
+    "ok_hub_with_token": ({"vllm_model": HUB_MODEL, "vllm_hf_token": "hf_" + "x" * 34}, None),
+    "ok_hub_cached_without_token": ({"vllm_model": HUB_MODEL, "cached": True}, None),
+    "unknown_profile": ({"vllm_profile": "llama-70b", "vllm_profiles": {"tiny": {"vllm_model": LOCAL_MODEL}}},
+                        r"vllm_profile 'llama-70b' is not defined in vllm_profiles; choose one of \['tiny'\]"),
+    "hub_without_token_or_weights": ({"vllm_model": HUB_MODEL},
+                                     "the weights are not in .*models--teamserve--tiny-llama/snapshots/" + REV
+                                     + r".* vllm_hf_token is empty.* vault_vllm_hf_token"),
+    "unpinned_revision": ({"vllm_model": dict(HUB_MODEL, revision="main")},
+                          "vllm_model.revision: 'main' is not a 40-hex commit id"),
+    "max_model_len_above_limit": ({"vllm_model": LOCAL_MODEL, "vllm_workload": dict(WORKLOAD, max_context_tokens=4096)},
+                                  "vllm_workload.max_context_tokens: 4096 tokens is above the model's own limit of 2048"),
+    "max_model_len_flag_above_limit": ({"vllm_model": LOCAL_MODEL, "vllm_flags": {"max-model-len": 8192}},
+                                       "vllm_flags.max-model-len: 8192 tokens is above the model's own limit of 2048"),
+    "unsupported_kv_dtype": ({"vllm_profile": "tiny", "vllm_profiles": {"tiny": {
+                                  "vllm_model": LOCAL_MODEL, "vllm_engine": {"kv_cache_dtype": "fp4"}}}},
+                             "vllm_engine.kv_cache_dtype.*fp4.*use one of auto"),
+    "kv_dtype_override_bypassing_the_plan": ({"vllm_model": LOCAL_MODEL, "vllm_flags": {"kv-cache-dtype": "fp8"}},
+                                             "vllm_flags.kv-cache-dtype: 'fp8' differs from vllm_engine.kv_cache_dtype 'auto'"),
+}
+
+PLAYBOOK = """
+- hosts: all
+  gather_facts: false
+  strategy: free
+  tasks:
+    - block:
+        - ansible.builtin.include_role:
+            name: vllm
+            tasks_from: assert.yml
+        - ansible.builtin.set_fact:
+            outcome: passed
+      rescue:
+        - ansible.builtin.set_fact:
+            outcome: "{{ ansible_failed_result.msg }}"
+    - ansible.builtin.copy:
+        content: "{{ outcome }}"
+        dest: "{{ out_dir }}/{{ inventory_hostname }}.txt"
+        mode: "0600"
+      delegate_to: localhost
+"""
+
+
+def _cached_snapshot(data_dir: pathlib.Path) -> None:
+    """A complete snapshot of the hub repo, in the layout `hf download` leaves (tree listing + files)."""
+    storage = data_dir / "huggingface" / "hub" / "models--teamserve--tiny-llama"
+    (storage / "trees").mkdir(parents=True)
+    (storage / "trees" / f"{REV}.json").write_text(json.dumps(
+        {"format_version": 1, "files": {"config.json": {"size": 2, "blob_id": "0" * 40}}}))
+    (storage / "snapshots" / REV).mkdir(parents=True)
+    (storage / "snapshots" / REV / "config.json").write_text("{}")
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, str]:
+    tmp = tmp_path_factory.mktemp("assert")
+    hosts = {}
+    for name, (overrides, _) in CASES.items():
+        data_dir = tmp / "data" / name
+        data_dir.mkdir(parents=True)
+        if overrides.get("cached"):
+            _cached_snapshot(data_dir)
+        hosts[name] = {
+            "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "out_dir": str(tmp), "vllm_data_dir": str(data_dir), "vllm_api_key": "k" * 40,
+            "vllm_image": "vllm/vllm-openai:v0.32.0@sha256:" + "ab" * 32, "vllm_workload": WORKLOAD,
+            **{k: v for k, v in overrides.items() if k != "cached"},
+        }
+    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    (tmp / "play.yml").write_text(PLAYBOOK)
+    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin"}
+    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"),
+                          "--forks", "10", str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return {name: (tmp / f"{name}.txt").read_text() for name in CASES}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_assert_outcome(outcomes, case):
+    expected = CASES[case][1]
+    if expected is None:
+        assert outcomes[case] == "passed"
+    else:
+        assert outcomes[case] != "passed", f"{case} was accepted"
+        assert re.search(expected, " ".join(outcomes[case].split())), outcomes[case]

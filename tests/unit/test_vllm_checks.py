@@ -1,0 +1,184 @@
+"""The vllm role's pre-change checks: weights source, --max-model-len, the image's CUDA requirement
+against the driver, GPU holders (roles/vllm/filter_plugins/vllm_checks.py), and the HF snapshot
+completeness check (roles/vllm/library/vllm_hf_snapshot.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+ROLE = pathlib.Path(__file__).resolve().parents[2] / "roles" / "vllm"
+
+
+def _load(name: str, path: pathlib.Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+checks = _load("vllm_checks", ROLE / "filter_plugins" / "vllm_checks.py")
+snapshot = _load("vllm_hf_snapshot", ROLE / "library" / "vllm_hf_snapshot.py")
+
+REV = "ef486eba9ff0b47394b3d9daf8a30e736bf68ef8"
+# The official image's env (recorded from vllm/vllm-openai v0.23.0/v0.28.0; the testbed image carries it).
+OFFICIAL_ENV = [
+    "PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/bin:/bin",
+    "NVIDIA_REQUIRE_CUDA=cuda>=13.0 brand=unknown,driver>=535,driver<536 brand=tesla,driver>=570,driver<571",
+    "NV_CUDA_CUDART_VERSION=13.0.96-1",
+    "CUDA_VERSION=13.0.2",
+    "VLLM_ENABLE_CUDA_COMPATIBILITY=0",
+]
+# Header of the real nvidia-smi with driver 580.95.05 (R580 = CUDA 13.0).
+SMI_580 = """Mon Nov 30 12:00:00 2026
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |
++-----------------------------------------+------------------------+----------------------+
+"""
+SMI_570 = SMI_580.replace("580.95.05", "570.195.03").replace("13.0", "12.8")
+
+
+# --- weights source -------------------------------------------------------------------------------------
+def test_a_path_in_the_container_downloads_nothing():
+    assert checks.vllm_weights_source({"name": "/opt/models/teamserve-tiny"}) == {
+        "kind": "local", "path": "/opt/models/teamserve-tiny"}
+
+
+def test_a_repo_pinned_to_a_commit_is_downloaded_into_its_cache_folder():
+    src = checks.vllm_weights_source({"name": "teamserve/tiny-llama", "revision": REV})
+    assert src == {"kind": "hub", "repo_id": "teamserve/tiny-llama", "revision": REV,
+                   "cache_subdir": "models--teamserve--tiny-llama"}
+
+
+@pytest.mark.parametrize("model, match", [
+    ({"name": "meta-llama/Llama-3.1-8B-Instruct"}, "vllm_model.revision is missing"),
+    ({"name": "meta-llama/Llama-3.1-8B-Instruct", "revision": "main"}, "'main' is not a 40-hex commit"),
+    ({"name": "meta-llama/Llama-3.1-8B-Instruct", "revision": REV.upper()}, "is not a 40-hex commit"),
+    ({"name": "/opt/models/x", "revision": REV}, "has no revisions"),
+    ({"name": "llama-8b"}, "neither a Hugging Face repo id"),
+    ({"name": "s3://bucket/model", "revision": REV}, "neither a Hugging Face repo id"),
+])
+def test_unpinned_or_malformed_models_are_refused(model, match):
+    with pytest.raises(AnsibleFilterError, match=match):
+        checks.vllm_weights_source(model)
+
+
+# --- --max-model-len ------------------------------------------------------------------------------------
+def test_max_model_len_within_the_limit_passes():
+    assert checks.vllm_max_model_len(2048, {"max_context_tokens": 2048}, {}) == 2048
+
+
+def test_workload_above_the_models_limit_is_refused_naming_field_value_and_limit():
+    with pytest.raises(AnsibleFilterError,
+                       match=r"vllm_workload.max_context_tokens: 4096 tokens is above the model's own limit of 2048"):
+        checks.vllm_max_model_len(2048, {"max_context_tokens": 4096}, {})
+
+
+def test_a_flag_override_is_what_counts():
+    with pytest.raises(AnsibleFilterError, match=r"vllm_flags.max-model-len: 131072 tokens .* at most 32768"):
+        checks.vllm_max_model_len(32768, {"max_context_tokens": 8192}, {"max-model-len": 131072})
+    assert checks.vllm_max_model_len(32768, {"max_context_tokens": 65536}, {"max-model-len": 16384}) == 16384
+
+
+# --- CUDA -----------------------------------------------------------------------------------------------
+def test_image_cuda_13_runs_on_the_580_driver():
+    assert checks.vllm_cuda_check(OFFICIAL_ENV, SMI_580) == {
+        "required": "13.0", "source": "NVIDIA_REQUIRE_CUDA=cuda>=13.0", "driver": "13.0"}
+
+
+def test_image_cuda_13_on_an_older_driver_stops_with_the_fix():
+    with pytest.raises(AnsibleFilterError, match="needs CUDA >= 13.0 .* supports CUDA 12.8 at most .*"
+                                                 "upgrade the driver .* or pin an older image"):
+        checks.vllm_cuda_check(OFFICIAL_ENV, SMI_570, "vllm/vllm-openai:v0.32.0")
+
+
+def test_brand_forward_compat_clauses_do_not_admit_an_older_driver():
+    """cuda>=13.0 OR brand=tesla,driver 570: vLLM's image disables the compat libraries, so 570 fails."""
+    with pytest.raises(AnsibleFilterError, match="upgrade the driver"):
+        checks.vllm_cuda_check(OFFICIAL_ENV, SMI_570)
+
+
+def test_cuda_version_is_the_fallback_requirement():
+    assert checks.vllm_cuda_check({"CUDA_VERSION": "12.9.1"}, SMI_580)["required"] == "12.9"
+    with pytest.raises(AnsibleFilterError, match="needs CUDA >= 12.9"):
+        checks.vllm_cuda_check(["CUDA_VERSION=12.9.1"], SMI_580.replace("13.0", "12.8"))
+
+
+def test_an_image_without_cuda_needs_no_driver():
+    assert checks.vllm_cuda_check(["PATH=/usr/bin"], "")["required"] is None
+
+
+def test_no_cuda_version_from_nvidia_smi_is_an_error():
+    with pytest.raises(AnsibleFilterError, match="Driver/library version mismatch"):
+        checks.vllm_cuda_check(OFFICIAL_ENV, "Failed to initialize NVML: Driver/library version mismatch\n")
+
+
+def test_gpu_holders_are_named():
+    text = "4242, /usr/bin/python3, 1024\n\n77, VLLM::EngineCore, 88098 MiB\n"
+    assert checks.vllm_gpu_holders(text) == ["pid 4242 (/usr/bin/python3, 1024 MiB)",
+                                             "pid 77 (VLLM::EngineCore, 88098 MiB)"]
+    assert checks.vllm_gpu_holders("") == []
+
+
+# --- snapshot completeness ------------------------------------------------------------------------------
+def _cache(tmp_path: pathlib.Path, files: dict[str, str], present: list[str]) -> pathlib.Path:
+    """An HF hub cache in huggingface_hub 2.x's layout: trees/<rev>.json + snapshots/<rev>/ links to blobs/."""
+    storage = tmp_path / "hub" / "models--teamserve--tiny-llama"
+    (storage / "trees").mkdir(parents=True)
+    (storage / "trees" / f"{REV}.json").write_text(json.dumps(
+        {"format_version": 1, "files": {p: {"size": len(c), "blob_id": "0" * 40} for p, c in files.items()}}))
+    for path in present:
+        blob = storage / "blobs" / f"b{abs(hash(path))}"
+        blob.parent.mkdir(exist_ok=True)
+        blob.write_text(files[path])
+        link = storage / "snapshots" / REV / path
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(blob)
+    return tmp_path / "hub"
+
+
+FILES = {"config.json": "{}", "model.safetensors": "w", "tokenizer.json": "t", "original/consolidated.pth": "x"}
+
+
+def test_complete_snapshot(tmp_path):
+    hub = _cache(tmp_path, FILES, ["config.json", "model.safetensors", "tokenizer.json"])
+    status = snapshot.snapshot_status(str(hub), "teamserve/tiny-llama", REV, ["original/"])
+    assert status["complete"] and status["expected"] == 3 and status["missing"] == []
+    assert status["snapshot"].endswith(f"models--teamserve--tiny-llama/snapshots/{REV}")
+
+
+def test_excluded_files_are_expected_without_the_pattern(tmp_path):
+    hub = _cache(tmp_path, FILES, ["config.json", "model.safetensors", "tokenizer.json"])
+    status = snapshot.snapshot_status(str(hub), "teamserve/tiny-llama", REV, [])
+    assert not status["complete"] and status["missing"] == ["original/consolidated.pth"]
+
+
+def test_interrupted_download_is_incomplete(tmp_path):
+    hub = _cache(tmp_path, FILES, ["config.json"])
+    status = snapshot.snapshot_status(str(hub), "teamserve/tiny-llama", REV, ["original/"])
+    assert not status["complete"] and sorted(status["missing"]) == ["model.safetensors", "tokenizer.json"]
+
+
+def test_dangling_link_is_missing(tmp_path):
+    hub = _cache(tmp_path, FILES, ["config.json", "model.safetensors", "tokenizer.json"])
+    for blob in (hub / "models--teamserve--tiny-llama" / "blobs").iterdir():
+        if blob.read_text() == "w":
+            blob.unlink()
+    status = snapshot.snapshot_status(str(hub), "teamserve/tiny-llama", REV, ["original/"])
+    assert status["missing"] == ["model.safetensors"]
+
+
+def test_no_tree_listing_means_not_downloaded(tmp_path):
+    status = snapshot.snapshot_status(str(tmp_path / "hub"), "teamserve/tiny-llama", REV)
+    assert not status["complete"] and status["missing"] == [f"trees/{REV}.json"]
+
+
+def test_bad_repo_or_revision_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="not OWNER/NAME"):
+        snapshot.snapshot_status(str(tmp_path), "tiny", REV)
+    with pytest.raises(ValueError, match="not a 40-hex commit"):
+        snapshot.snapshot_status(str(tmp_path), "teamserve/tiny-llama", "main")
