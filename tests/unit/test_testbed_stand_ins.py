@@ -121,17 +121,26 @@ def nvidia_smi(tmp_path):
     return script
 
 
-def test_header_says_what_the_real_580_driver_says(nvidia_smi):
+def test_header_says_what_the_real_580_driver_says(nvidia_smi, tmp_path):
+    (tmp_path / "gpu.env").write_text(f"TESTBED_PROC_DIR={tmp_path}/none\n")
     out = subprocess.run([nvidia_smi], check=True, capture_output=True, text=True).stdout.splitlines()
     assert out[2] == ("| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      "
                       "CUDA Version: 13.0     |")
     assert {len(line) for line in out[1:] if line} == {91}
 
 
-def test_compute_apps_lists_the_configured_holders(nvidia_smi, tmp_path):
+def test_compute_apps_lists_engine_cores_and_configured_holders(nvidia_smi, tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "comm").write_text("bash\n")
+    (tmp_path / "gpu.env").write_text(f"TESTBED_PROC_DIR={proc}\n")
     query = [nvidia_smi, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]
     assert subprocess.run(query, check=True, capture_output=True, text=True).stdout == ""
+    (proc / "77").mkdir()
+    (proc / "77" / "comm").write_text("VLLM::EngineCor\n")  # comm is cut at 15 characters
     (tmp_path / "gpu-processes.csv").write_text("# a holder\n4242, /usr/bin/python3, 1024\n")
-    assert subprocess.run(query, check=True, capture_output=True, text=True).stdout == "4242, /usr/bin/python3, 1024\n"
-    (tmp_path / "gpu.env").write_text("TESTBED_CUDA_VERSION=12.8\n")
-    assert "CUDA Version: 12.8 " in subprocess.run([nvidia_smi], check=True, capture_output=True, text=True).stdout
+    assert subprocess.run(query, check=True, capture_output=True, text=True).stdout == (
+        "77, VLLM::EngineCor, 88098\n4242, /usr/bin/python3, 1024\n")
+    (tmp_path / "gpu.env").write_text(f"TESTBED_PROC_DIR={proc}\nTESTBED_CUDA_VERSION=12.8\n")
+    table = subprocess.run([nvidia_smi], check=True, capture_output=True, text=True).stdout
+    assert "CUDA Version: 12.8 " in table and "89122MiB /  97887MiB" in table
