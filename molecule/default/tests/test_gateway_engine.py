@@ -1,0 +1,185 @@
+"""The gateway in front of the REAL vLLM CPU engine (issue #6's tests that the caddy scenario's test double
+cannot stand in for): 401/429/503 bodies parse as OpenAI errors with the official SDK, a client that
+disconnects stops its generation in the engine, a key issued and revoked with playbooks/users.yml
+works and then gets 401 while the engine container keeps its ID, start time and PID, and the access
+log names users and holds no key.
+
+Traffic goes only to the testbed box (the gateway on 10.231.0.10:8443; the engine's loopback port is
+read from inside the box). Every request loop is bounded. The key play restores the converged
+Caddyfile byte for byte, so the idempotence of the scenario is not disturbed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+import httpx2 as httpx  # the HTTP client openai 3.x is built on
+import openai
+import pytest
+import yaml
+
+from conftest import CACHE, GROUP_VARS, REPO
+
+testinfra_hosts = ["ansible://teamserve-box"]
+
+BOX_LAN = "10.231.0.10"
+# Long enough that nothing finishes while a test holds it (the model's context is 2,048 tokens).
+LONG = 1500
+
+
+def base_url(testbed_vars: dict) -> str:
+    return f"{testbed_vars['teamserve_gateway_scheme']}://{BOX_LAN}:{testbed_vars['caddy_listen_port']}/v1"
+
+
+def sdk(testbed_vars: dict, key: str, verify) -> openai.OpenAI:
+    """The official SDK for one user; no retries, so 429/503 reach the test as typed errors."""
+    return openai.OpenAI(base_url=base_url(testbed_vars), api_key=key, max_retries=0, timeout=60,
+                         http_client=httpx.Client(verify=verify))
+
+
+def engine_metrics(host) -> dict[str, float]:
+    """vLLM's Prometheus counters on the box's loopback, summed over label sets: name -> value."""
+    values: dict[str, float] = {}
+    for line in host.check_output("curl -sf http://127.0.0.1:8000/metrics").splitlines():
+        if line.startswith("vllm:"):
+            name, value = line.split("{")[0].split(" ")[0], line.rsplit(" ", 1)[1]
+            values[name] = values.get(name, 0.0) + float(value)
+    return values
+
+
+def engine_identity(host) -> tuple:
+    state = json.loads(host.check_output("docker inspect vllm"))[0]
+    return state["Id"], state["State"]["StartedAt"], state["State"]["Pid"], state["RestartCount"]
+
+
+def test_unknown_key_is_an_openai_authentication_error(testbed_vars, gateway_verify):
+    with pytest.raises(openai.AuthenticationError) as err:
+        sdk(testbed_vars, "sk-ts-" + "x" * 48, gateway_verify).models.list()
+    assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
+    assert err.value.body["type"] == "invalid_request_error"
+
+
+def test_user_over_the_limit_gets_an_openai_rate_limit_error(testbed_vars, keys, gateway_verify):
+    carol = sdk(testbed_vars, keys["carol"], gateway_verify)
+    limit = next(u for u in testbed_vars["caddy_users"] if u["name"] == "carol")["rate_limit"]["events"]
+    with pytest.raises(openai.RateLimitError) as err:
+        for _ in range(limit + 1):  # bounded: the limit, then one more
+            carol.models.list()
+    assert err.value.status_code == 429 and err.value.code == "rate_limit_exceeded"
+    assert int(err.value.response.headers["retry-after"]) >= 1
+    assert sdk(testbed_vars, keys["bob"], gateway_verify).models.list().data[0].id == "tiny"
+
+
+def test_server_full_is_an_openai_error_and_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
+    """caddy_max_inflight long streams hold the gateway; one more gets 503 server_full + Retry-After. When
+    the holders hang up, the engine stops their generations: it goes idle having produced far fewer
+    tokens than were asked for."""
+    cap = int(testbed_vars["caddy_max_inflight"])
+    url = base_url(testbed_vars) + "/chat/completions"
+    opened = threading.Semaphore(0)
+    hang_up = threading.Event()
+    errors: list[str] = []
+
+    def hold(key: str) -> None:
+        body = {"model": "tiny", "stream": True, "max_tokens": LONG, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Count."}]}
+        try:
+            with httpx.Client(verify=gateway_verify, timeout=60) as client, \
+                    client.stream("POST", url, json=body, headers={"Authorization": f"Bearer {key}"}) as response:
+                if response.status_code != 200:
+                    errors.append(f"holder got {response.status_code}")
+                opened.release()
+                for _ in response.iter_lines():
+                    if hang_up.is_set():
+                        break  # leaving the with-blocks closes the connection mid-stream
+        except httpx.HTTPError as err:
+            errors.append(f"holder: {err!r}")
+            opened.release()
+
+    before = engine_metrics(host)
+    holders = [threading.Thread(target=hold, args=(keys["alice" if i % 2 else "bob"],), daemon=True)
+               for i in range(cap)]
+    for thread in holders:
+        thread.start()
+    try:
+        for _ in holders:
+            assert opened.acquire(timeout=120), "a holding stream did not start"
+        assert not errors, errors
+        time.sleep(1)
+        with pytest.raises(openai.InternalServerError) as err:
+            sdk(testbed_vars, keys["alice"], gateway_verify).chat.completions.create(
+                model="tiny", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+        assert err.value.status_code == 503 and err.value.code == "server_full"
+        assert err.value.response.headers["retry-after"] == str(testbed_vars.get("caddy_server_full_retry_after", 5))
+    finally:
+        hang_up.set()
+        for thread in holders:
+            thread.join(timeout=60)
+    deadline = time.monotonic() + 60
+    while True:
+        now = engine_metrics(host)
+        busy = now.get("vllm:num_requests_running", 0) + now.get("vllm:num_requests_waiting", 0)
+        if busy == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert busy == 0, f"{busy} requests still in the engine 60 s after every client hung up"
+    generated = now["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert generated < cap * LONG / 2, f"{generated:.0f} of {cap * LONG} tokens generated: hang-ups did not stop them"
+
+
+def users_play(action: str, name: str, keys_file, users: list) -> None:
+    """Run playbooks/users.yml against the scenario's inventory, with caddy_users extended by `users`."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_FORCE_COLOR="0")
+    extra = {"caddy_users_action": action, "caddy_users_name": name, "caddy_users_keys_file": str(keys_file),
+             "caddy_users": users}
+    run = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+         str(REPO / "playbooks" / "users.yml"), "-e", json.dumps(extra)],
+        env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def test_issue_and_revoke_leave_the_engine_running(host, testbed_vars, keys, gateway_verify, tmp_path):
+    """users.yml issues erin a key (it works; nobody else's key changes), then revokes it (401 on the next
+    request). Neither touches the engine container (same ID, start time, PID, restart count) nor restarts
+    Caddy, and the revoke puts back the converged Caddyfile byte for byte."""
+    users = testbed_vars["caddy_users"] + [{"name": "erin", "rate_limit": {"events": 10, "window": "1m"}}]
+    keys_file = tmp_path / "caddy_keys.vault.yml"
+    engine_before = engine_identity(host)
+    caddy_pid = host.check_output("systemctl show caddy -p MainPID --value")
+    caddyfile = host.check_output("sha256sum /etc/caddy/Caddyfile")
+
+    users_play("issue", "erin", keys_file, users)
+    issued = yaml.safe_load(subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-vault"), "view", "--vault-password-file", str(CACHE / "vault-pass"),
+         str(keys_file)], check=True, capture_output=True, text=True).stdout)["caddy_user_keys"]
+    erin = issued.pop("erin")
+    assert issued == keys  # started from the keys in force: nobody else's key changed
+    assert len(erin) == 48 and erin.isalnum()
+    assert [m.id for m in sdk(testbed_vars, erin, gateway_verify).models.list()] == ["tiny"]
+    assert engine_identity(host) == engine_before
+
+    users_play("revoke", "erin", keys_file, users)
+    with pytest.raises(openai.AuthenticationError):
+        sdk(testbed_vars, erin, gateway_verify).models.list()
+    assert sdk(testbed_vars, keys["bob"], gateway_verify).models.list().data[0].id == "tiny"
+    assert engine_identity(host) == engine_before
+    assert host.check_output("systemctl show caddy -p MainPID --value") == caddy_pid
+    assert host.check_output("sha256sum /etc/caddy/Caddyfile") == caddyfile
+
+
+def test_access_log_names_users_and_holds_no_key(host, testbed_vars, keys, vault, gateway_verify):
+    sdk(testbed_vars, keys["bob"], gateway_verify).models.list()
+    log = host.file("/var/log/caddy/access.log")
+    entries = [json.loads(line) for line in log.content_string.splitlines() if line.strip()]
+    bob = [e for e in entries if e.get("user") == "bob"]
+    assert bob and {"status", "size", "duration"} <= bob[-1].keys()
+    assert all("Authorization" not in e["request"]["headers"] for e in entries)
+    text = log.content_string + host.check_output("journalctl -u caddy --no-pager -o cat")
+    for secret in list(keys.values()) + [vault["vault_vllm_api_key"]]:
+        assert secret not in text
+    assert not (GROUP_VARS / "caddy_keys.vault.yml").exists()  # the key play above wrote only to its tmp dir
