@@ -33,7 +33,7 @@ not a log line
 def test_phases_are_seconds_from_container_start():
     phases, logged = probe.parse_start_phases(GPU_LOG.splitlines(), STARTED)
     assert phases == {
-        "weights_loaded": 31.0,
+        "weights_loaded": 30.25,  # "Loading weights took" comes first
         "compiled": 45.0,
         "graphs_captured": 63.0,
         "engine_initialised": 63.5,
@@ -55,6 +55,24 @@ def test_missing_phases_are_none_not_zero():
     assert phases["graphs_captured"] is None and logged["graph_capture"] is None
     assert phases["api_started"] == 65.0
     assert probe.parse_start_phases([], STARTED) == (dict.fromkeys(probe.PHASE_MARKERS), dict.fromkeys(probe.LOGGED_DURATIONS))
+
+
+# Lines of the testbed's real vLLM 0.32.0 CPU build (docker logs --timestamps of a restart).
+CPU_LOG = """\
+2026-11-30T10:00:25.864695545Z (Worker pid=34) INFO 11-30 13:07:05 [cpu_model_runner.py:68] Starting to load model /opt/models/teamserve-tiny...
+2026-11-30T10:00:26.096451704Z (Worker pid=34) INFO 11-30 13:07:06 [default_loader.py:501] Loading weights took 0.01 seconds
+2026-11-30T10:00:27.408937406Z (Worker pid=34) INFO 11-30 13:07:07 [cpu_model_runner.py:87] Warming up model for the compilation...
+2026-11-30T10:00:46.665135334Z (Worker pid=34) INFO 11-30 13:07:26 [cpu_model_runner.py:91] Warming up done.
+2026-11-30T10:00:47.286866361Z (EngineCore pid=21) INFO 11-30 13:07:27 [core.py:402] init engine (profile, create kv cache, warmup model) took 19.88 s
+2026-11-30T10:00:48.958015225Z INFO:     Application startup complete.
+"""
+
+
+def test_cpu_build_phases():
+    phases, logged = probe.parse_start_phases(CPU_LOG.splitlines(), STARTED)
+    assert phases == {"weights_loaded": 26.1, "compiled": 46.67, "graphs_captured": None,
+                      "engine_initialised": 47.29, "api_started": 48.96}
+    assert logged["weights_loading"] == 0.01 and logged["engine_init"] == 19.88 and logged["torch_compile"] is None
 
 
 def test_older_model_loading_wording_is_read():

@@ -133,16 +133,19 @@ def first_token(chat: dict) -> float:
     raise RuntimeError("the stream ended without a content token")
 
 
-# vLLM's start-up log lines (vllm/model_executor/model_loader/default_loader.py "Loading weights took",
-# vllm/v1/worker/gpu_model_runner.py "Model loading took" and "Graph capturing finished in",
-# vllm/compilation/monitor.py "torch.compile takes", vllm/v1/engine/core.py "init engine (profile, create kv
-# cache, warmup model) took"; uvicorn's "Application startup complete" once the API server listens).
+# vLLM's start-up log lines, first match wins per phase: vllm/v1/worker/gpu_model_runner.py "Model loading
+# took" (GPU) or vllm/model_executor/model_loader/default_loader.py "Loading weights took" (the CPU runner
+# prints only this one); vllm/compilation/monitor.py "torch.compile takes" (GPU) or
+# vllm/v1/worker/cpu_model_runner.py "Warming up done." (the CPU runner compiles while warming up);
+# gpu_model_runner.py "Graph capturing finished in" (no CUDA graphs on the CPU build); vllm/v1/engine/core.py
+# "init engine (profile, create kv cache, warmup model) took"; uvicorn's "Application startup complete"
+# once the API server listens. Checked against the testbed's vLLM 0.32.0 CPU log and public GPU logs.
 PHASE_MARKERS = {
-    "weights_loaded": "Model loading took",
-    "compiled": "torch.compile takes",
-    "graphs_captured": "Graph capturing finished in",
-    "engine_initialised": "init engine (profile, create kv cache, warmup model) took",
-    "api_started": "Application startup complete",
+    "weights_loaded": ("Model loading took", "Loading weights took"),
+    "compiled": ("torch.compile takes", "Warming up done."),
+    "graphs_captured": ("Graph capturing finished in",),
+    "engine_initialised": ("init engine (profile, create kv cache, warmup model) took",),
+    "api_started": ("Application startup complete",),
 }
 LOGGED_DURATIONS = {
     "weights_loading": re.compile(r"Loading weights took ([0-9.]+) s"),
@@ -158,8 +161,8 @@ def parse_start_phases(lines: list[str], started_at: float) -> tuple[dict, dict]
 
     Input: ``lines`` as ``docker logs --timestamps`` prints them ("<RFC 3339 time> <text>"), and the
     container's start time ``started_at`` (epoch seconds). Output: ``(phases, logged)``:
-    ``phases[name]`` = seconds from the container's start to the FIRST line carrying that phase's marker
-    (PHASE_MARKERS), ``logged[name]`` = the duration vLLM printed itself, in seconds (LOGGED_DURATIONS).
+    ``phases[name]`` = seconds from the container's start to the FIRST line carrying one of that phase's
+    markers (PHASE_MARKERS), ``logged[name]`` = the duration vLLM printed itself, in seconds (LOGGED_DURATIONS).
     A phase or duration whose line is missing is None. Lines without a parsable timestamp are skipped.
     Raises nothing.
     """
@@ -171,8 +174,8 @@ def parse_start_phases(lines: list[str], started_at: float) -> tuple[dict, dict]
             at = parse_docker_time(stamp)
         except ValueError:
             continue
-        for name, marker in PHASE_MARKERS.items():
-            if phases[name] is None and marker in text:
+        for name, markers in PHASE_MARKERS.items():
+            if phases[name] is None and any(marker in text for marker in markers):
                 phases[name] = round(at - started_at, 2)
         for name, pattern in LOGGED_DURATIONS.items():
             match = pattern.search(text)
