@@ -7,21 +7,23 @@ Usage (standard library only, so it also runs inside a test box or its network n
     bench_gateway.py --target direct=http://127.0.0.1:8000/v1,ENGINE_KEY \
                      --target caddy=https://localhost:8443/v1,KEY_A,KEY_B --cafile caddy-root.crt \
                      --target litellm=https://localhost:4000/v1,KEY_A,KEY_B --cafile litellm.crt \
-                     --model tiny --concurrency 1 16 64 --max-tokens 32 --rounds 3
+                     --model tiny --concurrency 1 16 64 --max-tokens 64 --rounds 3 --per-minute 190
 
 The first target is the baseline the "added" columns are computed against (the engine itself).
 Several keys after a URL are used round-robin, so one user's rate limit is not what is measured.
 
-Method: for each concurrency level, one discarded warm-up burst against the first target, then
+Method: for each concurrency level, one discarded warm-up burst against every target, then
 ``--rounds`` rounds; each round runs every target once (its order rotated each round, so no target is
 always first after the engine has been idle), a burst of N streams released together by a barrier,
 each stream on its own new connection (TCP + TLS handshake included: what a client without
 keep-alive sees). Per stream: time to first token (TTFT: from before connecting to the first chunk
-with content, seconds) and decode rate ((content chunks - 1) / (last - first chunk), tokens/s; vLLM
-sends one token per chunk). Reported per target and level, over the streams of all rounds pooled:
-TTFT p50 and p99 (nearest rank), the median per-stream decode rate, and the aggregate rate (all
-content chunks of a burst / the burst's wall time, median over rounds). Answers other than 200
-(429, 503: a limiter or a full server) are counted, not timed.
+with content, seconds) and decode rate ((completion tokens - 1) / (last - first content chunk),
+tokens/s: the inverse of vLLM's benchmark "TPOT"; completion tokens from the usage the server reports
+with ``stream_options.include_usage``). Reported per target and level, over the streams of all rounds
+pooled: TTFT p50 and p99 (nearest rank), the median per-stream decode rate, and the aggregate rate (all
+completion tokens of a burst / the burst's wall time, median over rounds). Answers other than 200
+(429, 503: a limiter or a full server) are counted, not timed. ``--per-minute`` keeps each target under
+the users' rate limits by pausing between bursts.
 Only point it at servers you run yourself (loopback or your own test boxes): it is a load generator.
 """
 from __future__ import annotations
@@ -79,8 +81,9 @@ def one_stream(base_url: str, key: str, model: str, max_tokens: int, context: ss
                extra_body: dict | None = None) -> dict:
     """Run one streamed chat completion on a new connection.
 
-    Returns {"status": int or "error: ...", "ttft_s": seconds or None, "tokens": content chunks,
-    "first_s"/"last_s": perf_counter() of the first/last content chunk or None}.
+    Returns {"status": int or "error: ...", "ttft_s": seconds or None, "tokens": completion tokens (from
+    the usage the server reports; content chunks if it reports none), "first_s"/"last_s": perf_counter()
+    of the first/last content chunk or None}.
     """
     url = urllib.parse.urlsplit(base_url)
     if url.scheme == "https":
@@ -88,11 +91,13 @@ def one_stream(base_url: str, key: str, model: str, max_tokens: int, context: ss
                                                                        context=context)
     else:
         conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
-    body = {"model": model, "stream": True, "max_tokens": max_tokens,
+    # include_usage: the last chunk carries completion_tokens. A busy engine merges several tokens into
+    # one chunk, so counting chunks would undercount.
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": "Count slowly."}], **(extra_body or {})}
     start = time.perf_counter()
     first = last = None
-    tokens = 0
+    tokens = chunks = 0
     try:
         conn.request("POST", url.path.rstrip("/") + "/chat/completions", body=json.dumps(body),
                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
@@ -104,18 +109,22 @@ def one_stream(base_url: str, key: str, model: str, max_tokens: int, context: ss
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            choices = json.loads(line[6:]).get("choices") or []
+            event = json.loads(line[6:])
+            choices = event.get("choices") or []
             if choices and (choices[0].get("delta") or {}).get("content"):
                 now = time.perf_counter()
                 first = first or now
                 last = now
-                tokens += 1
+                chunks += 1
+            usage = event.get("usage") or {}
+            if usage.get("completion_tokens"):
+                tokens = int(usage["completion_tokens"])
     except (OSError, http.client.HTTPException, ValueError) as err:
-        return {"status": f"error: {type(err).__name__}: {err}", "ttft_s": None, "tokens": tokens,
+        return {"status": f"error: {type(err).__name__}: {err}", "ttft_s": None, "tokens": tokens or chunks,
                 "first_s": first, "last_s": last}
     finally:
         conn.close()
-    return {"status": 200, "ttft_s": (first - start) if first else None, "tokens": tokens,
+    return {"status": 200, "ttft_s": (first - start) if first else None, "tokens": tokens or chunks,
             "first_s": first, "last_s": last}
 
 
@@ -147,12 +156,43 @@ def run_burst(base_url: str, keys: list[str], model: str, max_tokens: int, concu
     return {"streams": results, "wall_s": time.perf_counter() - released}
 
 
+class Pacer:
+    """Keeps a target's requests within ``per_minute`` over any sliding 60 s, by waiting BETWEEN bursts.
+
+    The gateways limit each user (Caddy: a sliding window; LiteLLM: requests per minute): a benchmark that
+    ran into those limits would measure 429s, and would spend the budget other users of the shared
+    testbed need. ``per_minute`` 0 = no pacing.
+    """
+
+    def __init__(self, per_minute: int, clock=time.monotonic, sleep=time.sleep) -> None:
+        self.per_minute, self.clock, self.sleep = per_minute, clock, sleep
+        self.sent: list[tuple[float, int]] = []
+
+    def wait_for(self, count: int) -> float:
+        """Sleep until ``count`` more requests fit; return the seconds waited. Raises ValueError if they
+        never can (count > per_minute)."""
+        if not self.per_minute:
+            return 0.0
+        if count > self.per_minute:
+            raise ValueError(f"a burst of {count} exceeds the budget of {self.per_minute} requests per minute")
+        waited = 0.0
+        while True:
+            now = self.clock()
+            self.sent = [(t, n) for t, n in self.sent if now - t < 60]
+            if sum(n for _, n in self.sent) + count <= self.per_minute:
+                self.sent.append((now, count))
+                return waited
+            pause = 60 - (now - self.sent[0][0]) + 0.05
+            self.sleep(pause)
+            waited += pause
+
+
 def summarise(bursts: list[dict]) -> dict:
     """Pool the streams of several bursts of one target at one level.
 
     Returns {"total": streams started, "ok": streams answered 200 with content, "refused": {status: count}
     for other answers, "ttft_p50_ms", "ttft_p99_ms" (nearest rank, ms), "decode_tps" (median per-stream
-    tokens/s), "aggregate_tps" (median over bursts of content chunks / burst wall time)}; a value is None
+    tokens/s), "aggregate_tps" (median over bursts of completion tokens / burst wall time)}; a value is None
     when no stream of that kind exists.
     """
     streams = [s for b in bursts for s in b["streams"]]
@@ -206,11 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cafile", action="append", default=[],
                         help="CA certificate(s) trusted for https targets (repeatable)")
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--rounds", type=int, default=3, help="bursts per target and level (pooled)")
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between bursts (the engine drains)")
     parser.add_argument("--extra-body", default="{}", help='JSON merged into each request, e.g. {"ignore_eos": true}')
+    parser.add_argument("--per-minute", type=int, default=0,
+                        help="at most this many requests per target in any 60 s (pauses between bursts; 0 = off)")
     parser.add_argument("--json", help="also write every stream's raw result to this file")
     args = parser.parse_args(argv)
     try:
@@ -223,21 +265,30 @@ def main(argv: list[str] | None = None) -> int:
         context = ssl.create_default_context(cafile=args.cafile[0])
         for extra in args.cafile[1:]:
             context.load_verify_locations(cafile=extra)
+    if args.per_minute and max(args.concurrency) > args.per_minute:
+        parser.error(f"--concurrency {max(args.concurrency)} exceeds --per-minute {args.per_minute}")
+    pacers = {t[0]: Pacer(args.per_minute) for t in targets}
     raw: dict[int, dict[str, list[dict]]] = {}
     for level in args.concurrency:
-        name, url, keys = targets[0]
-        print(f"[bench] {level} streams: warm-up against {name}", file=sys.stderr, flush=True)
-        run_burst(url, keys, args.model, args.max_tokens, level, context, extra_body)
+        # Warm-up, discarded: upstream connection pools grow to the level, lazy initialisation runs
+        # (LiteLLM's first requests take seconds).
+        for name, url, keys in targets:
+            print(f"[bench] {level} streams: warm-up against {name}", file=sys.stderr, flush=True)
+            pacers[name].wait_for(level)
+            run_burst(url, keys, args.model, args.max_tokens, level, context, extra_body)
         raw[level] = {t[0]: [] for t in targets}
         for round_no in range(args.rounds):
             shift = round_no % len(targets)
             for name, url, keys in targets[shift:] + targets[:shift]:
                 time.sleep(args.pause)
+                waited = pacers[name].wait_for(level)
+                if waited:
+                    print(f"[bench] waited {waited:.0f} s for {name}'s rate budget", file=sys.stderr, flush=True)
                 burst = run_burst(url, keys, args.model, args.max_tokens, level, context, extra_body)
                 raw[level][name].append(burst)
                 s = summarise([burst])
                 print(f"[bench] {level} streams, round {round_no + 1}, {name}: {s['ok']}/{s['total']} ok, "
-                      f"TTFT p50 {s['ttft_p50_ms']} ms, wall {burst['wall_s']:.2f} s",
+                      f"TTFT p50 {s['ttft_p50_ms'] or 0:.0f} ms, wall {burst['wall_s']:.2f} s",
                       file=sys.stderr, flush=True)
     summaries = {level: {name: summarise(bursts) for name, bursts in by_target.items()}
                  for level, by_target in raw.items()}

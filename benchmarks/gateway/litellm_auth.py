@@ -18,7 +18,7 @@ import hmac
 import json
 import os
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 from litellm.proxy._types import UserAPIKeyAuth
 
 
@@ -56,10 +56,11 @@ def lookup(api_key: str, users: dict[str, dict]) -> dict | None:
 async def user_api_key_auth(request: Request, api_key: str) -> UserAPIKeyAuth:  # noqa: ARG001 (LiteLLM's signature)
     """LiteLLM custom-auth hook: the caller's user, with that user's request-per-minute limit.
 
-    ``api_key`` is the bearer token LiteLLM took from the Authorization header. Raises PermissionError
-    for a missing or unknown key (LiteLLM answers 401).
+    ``api_key`` is the bearer token LiteLLM took from the Authorization header. Raises fastapi's
+    HTTPException(401) for a missing or unknown key: LiteLLM 1.108.7 keeps an HTTPException's status
+    (proxy/auth/auth_exception_handler.py, _as_proxy_exception) and turns any other exception into a 500.
     """
     user = lookup(api_key, _USERS)
     if user is None:
-        raise PermissionError("missing or unknown API key")
+        raise HTTPException(status_code=401, detail="missing or unknown API key")
     return UserAPIKeyAuth(api_key=api_key, user_id=user["name"], key_alias=user["name"], rpm_limit=user["rpm"])

@@ -61,8 +61,8 @@ trap cleanup EXIT
 
 "$repo/.venv/bin/ansible-vault" view --vault-password-file "$TESTBED_CACHE/vault-pass" "$group_vars/vault.yml" \
   > "$work/vault.yml"
-# Writes keys.json (LiteLLM's custom auth), engine.env, bench-keys (the users' keys, comma-separated)
-# and inflight (caddy_max_inflight). Limits: Caddy's events/window as requests per minute, LiteLLM's unit.
+# Writes keys.json (LiteLLM's custom auth), engine.env, bench-keys (the users' keys, comma-separated),
+# inflight (caddy_max_inflight) and per-minute (the request budget per target). Limits: Caddy's events/window as requests per minute, LiteLLM's unit.
 BENCH_USERS=$BENCH_USERS "$project_python" - "$group_vars/main.yml" "$work" <<'EOF'
 import json, os, pathlib, re, sys
 import yaml
@@ -86,6 +86,10 @@ if missing:
     sys.exit(f"BENCH_USERS: {missing} have no key in the testbed vault")
 (work / "bench-keys").write_text(",".join(keys[n] for n in chosen))
 (work / "inflight").write_text(str(int(main.get("caddy_max_inflight", 0))))
+# 80 % of the chosen users' joint budget: the run never meets the limiter, and leaves the rest of the
+# budget to anyone else testing on the shared box at the same time.
+rpm = {u["name"]: u["rpm"] for u in users}
+(work / "per-minute").write_text(str(sum(rpm[n] for n in chosen) * 8 // 10))
 print(", ".join(f"{u['name']} {u['rpm']}/min" for u in users), file=sys.stderr)
 EOF
 rm -f "$work/vault.yml"
@@ -137,11 +141,22 @@ done
 in_box curl -sf -o /dev/null --cacert "$work/litellm.crt" "https://localhost:$LITELLM_PORT/health/liveliness" \
   || { tail -20 "$work/litellm.log" >&2; die "LiteLLM did not answer within 120 s"; }
 
+# Both gateways really authenticate: an unknown key is refused with 401 before anything is measured.
+for target in "https://localhost:8443/v1/models $TESTBED_CACHE/caddy-root.crt" \
+              "https://localhost:$LITELLM_PORT/v1/models $work/litellm.crt"; do
+  set -- $target "$@"
+  status=$(in_box curl -s -o /dev/null -w '%{http_code}' --cacert "$2" \
+    -H "Authorization: Bearer sk-unknown-$(openssl rand -hex 16)" "$1" || true)
+  [ "$status" = 401 ] || { tail -30 "$work/litellm.log" >&2; die "$1 answered ${status:-nothing} to an unknown key, not 401"; }
+  shift 2
+done
+
 # --- 4. The run ---------------------------------------------------------------------------------
+# ignore_eos (a vLLM sampling parameter): every stream generates exactly --max-tokens tokens.
 log "engine $(in_box curl -s http://127.0.0.1:8000/version), Caddy on :8443, LiteLLM on :$LITELLM_PORT; users: $BENCH_USERS"
 in_box python3 "$here/bench_gateway.py" \
   --target "direct=http://127.0.0.1:8000/v1,@$work/engine.env" \
   --target "caddy=https://localhost:8443/v1,@$work/bench-keys" \
   --target "litellm=https://localhost:$LITELLM_PORT/v1,@$work/bench-keys" \
   --cafile "$TESTBED_CACHE/caddy-root.crt" --cafile "$work/litellm.crt" \
-  --model tiny "$@"
+  --model tiny --per-minute "$(cat "$work/per-minute")" --extra-body '{"ignore_eos": true}' "$@"

@@ -71,3 +71,24 @@ def test_table_shows_added_ttft_against_the_baseline():
     assert rows[2].startswith("| 16 | direct | 4/4 | 100 | 200 | — | — |")
     assert rows[3].startswith("| 16 | caddy | 4/4 | 103 | 190 | +3 | -10 |")
     assert rows[4].startswith("| 16 | full | 0/4 (4× 503) | - | - | - | - |")
+
+
+def test_pacer_waits_between_bursts_to_stay_under_the_budget():
+    clock = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    pacer = bench.Pacer(100, clock=lambda: clock[0], sleep=sleep)
+    assert pacer.wait_for(64) == 0
+    clock[0] = 5.0
+    assert pacer.wait_for(30) == 0  # 94 in the window
+    clock[0] = 10.0
+    waited = pacer.wait_for(16)  # 110 > 100: wait until the first burst leaves the window at t=60
+    assert 50 <= waited <= 50.1 and clock[0] >= 60
+    assert sum(n for _, n in pacer.sent) == 46  # the 30 sent at t=5 are still in the window
+    with pytest.raises(ValueError):
+        pacer.wait_for(101)
+    assert bench.Pacer(0).wait_for(10_000) == 0  # 0 = no pacing
