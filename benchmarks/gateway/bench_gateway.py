@@ -81,9 +81,10 @@ def one_stream(base_url: str, key: str, model: str, max_tokens: int, context: ss
                extra_body: dict | None = None) -> dict:
     """Run one streamed chat completion on a new connection.
 
-    Returns {"status": int or "error: ...", "ttft_s": seconds or None, "tokens": completion tokens (from
-    the usage the server reports; content chunks if it reports none), "first_s"/"last_s": perf_counter()
-    of the first/last content chunk or None}.
+    Returns {"status": the HTTP status (int), "200 + error <code> in the stream" (an error event after
+    the 200, as vLLM sends when its queue is full) or "error: ..." (no HTTP answer); "ttft_s": seconds
+    or None; "tokens": completion tokens (from the usage the server reports; content chunks if it
+    reports none); "first_s"/"last_s": perf_counter() of the first/last content chunk or None}.
     """
     url = urllib.parse.urlsplit(base_url)
     if url.scheme == "https":
@@ -98,6 +99,7 @@ def one_stream(base_url: str, key: str, model: str, max_tokens: int, context: ss
     start = time.perf_counter()
     first = last = None
     tokens = chunks = 0
+    stream_error = None
     try:
         conn.request("POST", url.path.rstrip("/") + "/chat/completions", body=json.dumps(body),
                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
@@ -110,6 +112,8 @@ def one_stream(base_url: str, key: str, model: str, max_tokens: int, context: ss
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[6:])
+            if event.get("error"):  # vLLM rejects some requests after a 200 has gone out (queue full)
+                stream_error = (event["error"] or {}).get("code") or "?"
             choices = event.get("choices") or []
             if choices and (choices[0].get("delta") or {}).get("content"):
                 now = time.perf_counter()
@@ -124,6 +128,9 @@ def one_stream(base_url: str, key: str, model: str, max_tokens: int, context: ss
                 "first_s": first, "last_s": last}
     finally:
         conn.close()
+    if stream_error is not None:
+        return {"status": f"200 + error {stream_error} in the stream", "ttft_s": None, "tokens": tokens or chunks,
+                "first_s": first, "last_s": last}
     return {"status": 200, "ttft_s": (first - start) if first else None, "tokens": tokens or chunks,
             "first_s": first, "last_s": last}
 
@@ -286,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[bench] waited {waited:.0f} s for {name}'s rate budget", file=sys.stderr, flush=True)
                 burst = run_burst(url, keys, args.model, args.max_tokens, level, context, extra_body)
                 raw[level][name].append(burst)
+                if all(str(st["status"]).startswith("error:") for st in burst["streams"]):
+                    print(f"[bench] every stream to {name} failed without an HTTP answer "
+                          f"({burst['streams'][0]['status']}): is the server down or restarting? Not a "
+                          "result; rerun when it is up.", file=sys.stderr, flush=True)
+                    return 1
                 s = summarise([burst])
                 print(f"[bench] {level} streams, round {round_no + 1}, {name}: {s['ok']}/{s['total']} ok, "
                       f"TTFT p50 {s['ttft_p50_ms'] or 0:.0f} ms, wall {burst['wall_s']:.2f} s",

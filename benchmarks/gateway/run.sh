@@ -62,7 +62,8 @@ trap cleanup EXIT
 "$repo/.venv/bin/ansible-vault" view --vault-password-file "$TESTBED_CACHE/vault-pass" "$group_vars/vault.yml" \
   > "$work/vault.yml"
 # Writes keys.json (LiteLLM's custom auth), engine.env, bench-keys (the users' keys, comma-separated),
-# inflight (caddy_max_inflight) and per-minute (the request budget per target). Limits: Caddy's events/window as requests per minute, LiteLLM's unit.
+# inflight (caddy_max_inflight) and per-minute (the request budget per target). Limits: Caddy's
+# events/window as requests per minute, LiteLLM's unit.
 BENCH_USERS=$BENCH_USERS "$project_python" - "$group_vars/main.yml" "$work" <<'EOF'
 import json, os, pathlib, re, sys
 import yaml
@@ -86,10 +87,10 @@ if missing:
     sys.exit(f"BENCH_USERS: {missing} have no key in the testbed vault")
 (work / "bench-keys").write_text(",".join(keys[n] for n in chosen))
 (work / "inflight").write_text(str(int(main.get("caddy_max_inflight", 0))))
-# 80 % of the chosen users' joint budget: the run never meets the limiter, and leaves the rest of the
-# budget to anyone else testing on the shared box at the same time.
+# Half the chosen users' joint budget: the run does not meet the limiter, and leaves the other half to
+# whoever else tests with these users on the shared box at the same time (seen: 53 requests a minute).
 rpm = {u["name"]: u["rpm"] for u in users}
-(work / "per-minute").write_text(str(sum(rpm[n] for n in chosen) * 8 // 10))
+(work / "per-minute").write_text(str(sum(rpm[n] for n in chosen) // 2))
 print(", ".join(f"{u['name']} {u['rpm']}/min" for u in users), file=sys.stderr)
 EOF
 rm -f "$work/vault.yml"
@@ -152,6 +153,12 @@ for target in "https://localhost:8443/v1/models $TESTBED_CACHE/caddy-root.crt" \
 done
 
 # --- 4. The run ---------------------------------------------------------------------------------
+# The engine is shared: someone may be restarting it. Wait (at most 10 min) until it is healthy.
+for _ in $(seq 120); do
+  in_box curl -sf -o /dev/null http://127.0.0.1:8000/health && break
+  log "waiting for the engine's /health"
+  sleep 5
+done
 # ignore_eos (a vLLM sampling parameter): every stream generates exactly --max-tokens tokens.
 log "engine $(in_box curl -s http://127.0.0.1:8000/version), Caddy on :8443, LiteLLM on :$LITELLM_PORT; users: $BENCH_USERS"
 in_box python3 "$here/bench_gateway.py" \

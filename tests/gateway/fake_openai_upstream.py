@@ -9,7 +9,9 @@ wire format of the OpenAI API (the format vLLM's OpenAI-compatible server also s
 * ``POST /v1/chat/completions`` -> a completion; with ``"stream": true`` a ``text/event-stream`` of
   ``chat.completion.chunk`` events, one per token, ``FIXTURE_TOKEN_DELAY_S`` seconds apart (the test of
   unbuffered streaming measures these gaps on the client side), ending with ``data: [DONE]``.
-  ``max_tokens`` sets the number of tokens (default 8, at most 10000).
+  ``max_tokens`` sets the number of tokens (default 8, at most 10000). ``"model": "fixture-busy"`` gets
+  the 503 vLLM answers when its queue is full (``--max-num-queued-reqs``), body copied from the real
+  vLLM 0.32.0 CPU build's answer on the testbed (no Retry-After).
 * ``GET /fixture/stats`` -> JSON counters: requests served, streams completed, streams aborted by the
   client (a write to a closed socket), and the Authorization header values seen, hashed with SHA-256
   (so tests can prove which key reached the engine without the key ever being logged).
@@ -33,6 +35,8 @@ API_KEY = os.environ["FIXTURE_API_KEY"]
 TOKEN_DELAY_S = float(os.environ.get("FIXTURE_TOKEN_DELAY_S", "0.2"))
 HOST, _, PORT = os.environ.get("FIXTURE_LISTEN", "127.0.0.1:8000").rpartition(":")
 MODEL = "fixture"
+# Asking for this model gets the engine's "queue full" 503 (body as the real vLLM 0.32.0 CPU build sends it).
+BUSY_MODEL = "fixture-busy"
 
 _lock = threading.Lock()
 _stats: dict[str, object] = {
@@ -106,6 +110,12 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         _bump("requests")
+        if request.get("model") == BUSY_MODEL:  # vLLM 0.32's answer when --max-num-queued-reqs is reached
+            body = {"error": {"message": "The engine is currently busy and cannot accept new requests. Please try "
+                              "again later or on a different instance.", "type": "Service Unavailable",
+                              "param": None, "code": 503}}
+            self._send_json(503, json.dumps(body).encode())
+            return
         tokens = max(1, min(int(request.get("max_tokens") or 8), 10000))
         created = int(time.time())
         if not request.get("stream"):

@@ -138,6 +138,16 @@ def test_server_full_gets_503_with_retry_after(base_url, ca_file, keys, gateway_
         assert [f.result(timeout=30) for f in running] == [25] * cap  # every stream ran to the end
 
 
+def test_engine_queue_full_becomes_server_full_with_retry_after(base_url, ca_file, keys, gateway_vars):
+    """The engine's own 503 (its queue is at --max-num-queued-reqs) has no Retry-After; the gateway answers
+    it as its own server_full, so clients get one shape and a wait time either way."""
+    with pytest.raises(openai.InternalServerError) as err:
+        client(base_url, ca_file, keys["bob"]).chat.completions.create(
+            model="fixture-busy", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    assert err.value.status_code == 503 and err.value.code == "server_full"
+    assert err.value.response.headers["retry-after"] == str(gateway_vars["caddy_server_full_retry_after"])
+
+
 def test_client_disconnect_stops_generation(host, base_url, ca_file, keys):
     before = engine_stats(host)["streams_aborted"]
     with httpx.Client(verify=ca_file, timeout=10) as http:
