@@ -12,8 +12,8 @@ Usage (standard library only, so it also runs inside a test box or its network n
 The first target is the baseline the "added" columns are computed against (the engine itself).
 Several keys after a URL are used round-robin, so one user's rate limit is not what is measured.
 
-Method: for each concurrency level, one discarded warm-up burst against every target, then
-``--rounds`` rounds; each round runs every target once (its order rotated each round, so no target is
+Method: a discarded warm-up burst of ``--warmup`` streams against every target, then for each
+concurrency level ``--rounds`` rounds; each round runs every target once (its order rotated each round, so no target is
 always first after the engine has been idle), a burst of N streams released together by a barrier,
 each stream on its own new connection (TCP + TLS handshake included: what a client without
 keep-alive sees). Per stream: time to first token (TTFT: from before connecting to the first chunk
@@ -256,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--rounds", type=int, default=3, help="bursts per target and level (pooled)")
+    parser.add_argument("--warmup", type=int, default=4, help="streams per target before the first level (discarded)")
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between bursts (the engine drains)")
     parser.add_argument("--extra-body", default="{}", help='JSON merged into each request, e.g. {"ignore_eos": true}')
     parser.add_argument("--per-minute", type=int, default=0,
@@ -276,13 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--concurrency {max(args.concurrency)} exceeds --per-minute {args.per_minute}")
     pacers = {t[0]: Pacer(args.per_minute) for t in targets}
     raw: dict[int, dict[str, list[dict]]] = {}
+    # Warm-up, discarded: lazy initialisation (LiteLLM's first requests take seconds), first connections.
+    for name, url, keys in targets:
+        print(f"[bench] warm-up against {name}", file=sys.stderr, flush=True)
+        pacers[name].wait_for(args.warmup)
+        run_burst(url, keys, args.model, args.max_tokens, args.warmup, context, extra_body)
     for level in args.concurrency:
-        # Warm-up, discarded: upstream connection pools grow to the level, lazy initialisation runs
-        # (LiteLLM's first requests take seconds).
-        for name, url, keys in targets:
-            print(f"[bench] {level} streams: warm-up against {name}", file=sys.stderr, flush=True)
-            pacers[name].wait_for(level)
-            run_burst(url, keys, args.model, args.max_tokens, level, context, extra_body)
         raw[level] = {t[0]: [] for t in targets}
         for round_no in range(args.rounds):
             shift = round_no % len(targets)

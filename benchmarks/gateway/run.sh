@@ -13,6 +13,7 @@
 # process's environment, and are removed on exit. Prints the Markdown table on stdout; progress and the
 # LiteLLM log's tail (on failure) on stderr. Leaves nothing running.
 set -euo pipefail
+umask 077
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -101,7 +102,11 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -su
   -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout "$work/litellm.key" -out "$work/litellm.crt" 2>/dev/null
 cp "$here/litellm_auth.py" "$work/"
 # global_max_parallel_requests = caddy_max_inflight: the same "server full" cap (LiteLLM answers 429 past it,
-# Caddy 503). num_retries 0: a refused request is answered, not retried (Caddy does not retry either).
+# Caddy 503). In 1.108.7 only the legacy limiter reads it: the default one (proxy/hooks/__init__.py maps
+# "parallel_request_limiter" to parallel_request_limiter_v3, which never looks at the setting) ignores it
+# silently; LEGACY_MULTI_INSTANCE_RATE_LIMITING=true selects the legacy one (parallel_request_limiter.py),
+# which enforces it and the per-key rpm_limit. num_retries 0: a refused request is answered, not retried
+# (Caddy does not retry either).
 cap_line=""
 [ "$inflight" -eq 0 ] || cap_line="  global_max_parallel_requests: $inflight"
 cat > "$work/config.yaml" <<EOF
@@ -126,7 +131,7 @@ log "starting LiteLLM $version in $BOX's network namespace on 127.0.0.1:$LITELLM
 (
   TEAMSERVE_ENGINE_KEY=$(cat "$work/engine.env") LITELLM_MASTER_KEY="sk-$(openssl rand -hex 24)"
   export TEAMSERVE_ENGINE_KEY LITELLM_MASTER_KEY TEAMSERVE_LITELLM_KEYS_FILE="$work/keys.json" \
-    LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_LOG=ERROR
+    LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_LOG=ERROR LEGACY_MULTI_INSTANCE_RATE_LIMITING=true
   exec nsenter -t "$box_pid" -n "$venv/bin/litellm" --config "$work/config.yaml" --host 127.0.0.1 \
     --port "$LITELLM_PORT" --ssl_keyfile_path "$work/litellm.key" --ssl_certfile_path "$work/litellm.crt"
 ) > "$work/litellm.log" 2>&1 &
@@ -159,11 +164,16 @@ for _ in $(seq 120); do
   log "waiting for the engine's /health"
   sleep 5
 done
+engine_started() { docker exec "$BOX" docker inspect -f '{{.State.StartedAt}}' vllm; }
+started=$(engine_started)
 # ignore_eos (a vLLM sampling parameter): every stream generates exactly --max-tokens tokens.
-log "engine $(in_box curl -s http://127.0.0.1:8000/version), Caddy on :8443, LiteLLM on :$LITELLM_PORT; users: $BENCH_USERS"
+log "engine $(in_box curl -s http://127.0.0.1:8000/version) (started $started), Caddy on :8443, LiteLLM on :$LITELLM_PORT; users: $BENCH_USERS"
 in_box python3 "$here/bench_gateway.py" \
   --target "direct=http://127.0.0.1:8000/v1,@$work/engine.env" \
   --target "caddy=https://localhost:8443/v1,@$work/bench-keys" \
   --target "litellm=https://localhost:$LITELLM_PORT/v1,@$work/bench-keys" \
   --cafile "$TESTBED_CACHE/caddy-root.crt" --cafile "$work/litellm.crt" \
-  --model tiny --per-minute "$(cat "$work/per-minute")" --extra-body '{"ignore_eos": true}' "$@"
+  --model tiny --per-minute "$(cat "$work/per-minute")" --extra-body '{"ignore_eos": true}' "$@" > "$work/table.md"
+# A run the engine was restarted in (the box is shared) is not a result.
+[ "$(engine_started)" = "$started" ] || die "the engine was restarted during the run (not a result): run again"
+cat "$work/table.md"
