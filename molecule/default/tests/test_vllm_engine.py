@@ -1,0 +1,167 @@
+"""The vllm role's engine container on the testbed box (issue 5): its spec, the weights it reads, the
+secrets it must not show, and its lifecycle — a no-op re-run keeps the container, a changed flag recreates
+it only after the GPU memory is free (a process still holding it is named), and nothing is downloaded again.
+
+The lifecycle tests re-run the vllm role alone against the converged box (ansible-playbook with the
+scenario's inventory). They cost two engine cold starts (the changed flag, then putting it back) and run
+in file order; every one leaves the box as converge left it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+
+testinfra_hosts = ["ansible://teamserve-box"]
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed"))
+HUB = "http://10.231.0.4"
+DATA_DIR = "/var/lib/teamserve/vllm"
+HOLDERS = "/etc/teamserve-testbed/gpu-processes.csv"
+PLAY = "- hosts: teamserve\n  gather_facts: false\n  roles:\n    - role: vllm\n"
+
+
+def inspect(host, name: str = "vllm") -> dict:
+    return json.loads(host.check_output(f"docker inspect {name}"))[0]
+
+
+def hub_stats() -> dict:
+    with urllib.request.urlopen(f"{HUB}/_testbed/stats", timeout=5) as resp:
+        return json.load(resp)
+
+
+def run_role(tmp_path: pathlib.Path, extra_vars: dict | None = None) -> tuple[int, dict]:
+    """Run the vllm role on the box; returns (rc, {task name: the box's result}) from the json callback."""
+    inventory = os.environ.get("MOLECULE_INVENTORY_FILE")
+    if not inventory:
+        pytest.skip("needs molecule's inventory (run through `molecule verify -s default`)")
+    (tmp_path / "play.yml").write_text(PLAY)
+    (tmp_path / "vars.json").write_text(json.dumps(extra_vars or {}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    run = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(pathlib.Path(inventory).parent),
+                          "-e", f"@{tmp_path / 'vars.json'}", str(tmp_path / "play.yml")],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    # The json callback prints one document at the end; other enabled callbacks (ansible.cfg's profile_tasks)
+    # may print lines before it.
+    start = 0 if run.stdout.startswith("{") else run.stdout.index("\n{") + 1
+    document, _ = json.JSONDecoder().raw_decode(run.stdout[start:])
+    results = {}
+    for task in document["plays"][0]["tasks"]:  # names come as "vllm : <task name>"
+        results[task["task"]["name"].split(" : ", 1)[-1]] = task["hosts"].get("teamserve-box", {})
+    return run.returncode, results
+
+
+# --- the container as converge left it -------------------------------------------------------------------
+def test_engine_labels_mounts_and_shm(host, testbed_vars):
+    c = inspect(host)
+    labels = c["Config"]["Labels"]
+    assert labels["io.teamserve.role"] == "vllm"
+    assert labels["io.teamserve.served-model-name"] == testbed_vars["vllm_model"]["served_model_name"]
+    assert labels["org.opencontainers.image.version"] == "0.32.0"
+    assert labels["io.teamserve.image-tag"] == "v0.32.0"
+    mounts = {m["Destination"]: m["Source"] for m in c["Mounts"]}
+    assert mounts == {"/root/.cache/huggingface": f"{DATA_DIR}/huggingface", "/root/.cache/vllm": f"{DATA_DIR}/cache"}
+    assert c["HostConfig"]["ShmSize"] == 1024 ** 3  # vllm_shm_size: 1g, not Docker's 64 MiB
+    assert c["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": {"max-file": "5", "max-size": "50m"}}
+
+
+def test_nothing_published_on_all_interfaces(host):
+    c = inspect(host)
+    bindings = [b for port in c["HostConfig"]["PortBindings"].values() for b in port]
+    assert bindings and all(b["HostIp"] == "127.0.0.1" for b in bindings)
+    listening = host.check_output("ss -Htln")
+    assert ":8000 " in listening and "0.0.0.0:8000" not in listening and "[::]:8000" not in listening
+
+
+def test_engine_is_offline_on_the_pinned_revision(host, testbed_vars):
+    c = inspect(host)
+    env = dict(item.split("=", 1) for item in c["Config"]["Env"])
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == "/root/.cache/huggingface"
+    assert not {"HF_TOKEN", "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT"} & set(env)
+    args = c["Config"]["Cmd"]
+    model = testbed_vars["vllm_model"]
+    assert args[0] == model["name"] == "teamserve/tiny-llama"
+    assert args[args.index("--revision") + 1] == model["revision"]
+    snapshot = f"{DATA_DIR}/huggingface/hub/models--teamserve--tiny-llama/snapshots/{model['revision']}"
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert host.file(f"{snapshot}/{name}").exists, name
+    # vLLM 0.32 (engine/arg_utils.py) logs how it resolved the repo id while offline: to that snapshot.
+    log = host.check_output("docker logs vllm 2>&1 | grep -F 'HF_HUB_OFFLINE is True' || true")
+    assert f"replace model_id [teamserve/tiny-llama] to model_path [/root/.cache/huggingface/hub/models--teamserve--tiny-llama/snapshots/{model['revision']}]" in log
+
+
+def test_hf_token_is_nowhere_but_its_root_only_file(host, vault):
+    token = vault["vault_vllm_hf_token"]
+    token_file = host.file(f"{DATA_DIR}/secrets/hf_token")
+    assert token_file.user == "root" and token_file.mode == 0o600
+    assert host.file(f"{DATA_DIR}/secrets").mode == 0o700
+    everything = host.check_output("docker ps -aq | xargs -r docker inspect")
+    assert token not in everything
+    assert not any("hf_token" in bind for bind in inspect(host)["HostConfig"]["Binds"])  # the engine does not mount it
+    assert token not in host.check_output("docker logs vllm 2>&1")
+    assert token not in host.file(f"{DATA_DIR}/engine.env").content_string
+    # The hub really needs it: without a token the repository does not exist.
+    req = urllib.request.Request(f"{HUB}/api/models/teamserve/tiny-llama/tree/main")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=5)
+    assert err.value.code == 401
+
+
+# --- lifecycle (re-runs the role) -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def original(host) -> dict:
+    c = inspect(host)
+    return {"id": c["Id"], "cmd": c["Config"]["Cmd"]}
+
+
+def test_noop_rerun_keeps_the_container_and_downloads_nothing(host, original, tmp_path):
+    before = hub_stats()
+    rc, results = run_role(tmp_path)
+    assert rc == 0
+    assert results["Run the engine container"].get("changed") is False
+    assert results["Check whether the pinned snapshot is complete in the host's HF cache"]["complete"] is True
+    assert inspect(host)["Id"] == original["id"]
+    assert hub_stats().get("download", 0) == before.get("download", 0)
+
+
+def test_a_process_holding_the_gpu_stops_the_new_engine_and_is_named(host, original, tmp_path):
+    """A changed flag stops the old engine; a foreign GPU holder keeps the new one from starting."""
+    host.check_output(f"mkdir -p {os.path.dirname(HOLDERS)} && echo '4242, /usr/bin/python3, 1024' > {HOLDERS}")
+    try:
+        rc, results = run_role(tmp_path, {"vllm_flags": {"max-num-seqs": 4}, "vllm_gpu_release_timeout": 4})
+    finally:
+        host.check_output(f"rm -f {HOLDERS}")
+    assert rc != 0
+    assert results["Stop the old engine so it releases the GPU before the new one starts"]["changed"]
+    message = results["Name the processes that still hold GPU memory"]["msg"]
+    assert "pid 4242 (/usr/bin/python3, 1024 MiB)" in message and "The new engine was not started" in message
+    c = inspect(host)
+    assert c["Id"] == original["id"] and not c["State"]["Running"]  # stopped, not replaced
+
+
+def test_changed_flag_recreates_after_the_gpu_is_free_then_back(host, original, tmp_path):
+    before = hub_stats()
+    try:
+        rc, results = run_role(tmp_path, {"vllm_flags": {"max-num-seqs": 4}})
+        assert rc == 0, results
+        changed = inspect(host)
+        assert changed["Id"] != original["id"] and changed["State"]["Running"]
+        assert changed["Config"]["Cmd"][changed["Config"]["Cmd"].index("--max-num-seqs") + 1] == "4"
+        assert results["Wait until no process holds GPU memory"]["stdout"] == ""
+        assert results["Wait for the engine to load the model and answer /health"]["seconds_to_health"] > 0
+    finally:
+        # Put it back as converge left it: recreated again, with the planned flags.
+        rc, results = run_role(tmp_path)
+    assert rc == 0, results
+    restored = inspect(host)
+    assert restored["Id"] not in (original["id"], changed["Id"])
+    assert restored["Config"]["Cmd"] == original["cmd"] and restored["State"]["Running"]
+    assert hub_stats().get("download", 0) == before.get("download", 0)  # recreating downloads nothing
