@@ -132,6 +132,25 @@ def test_noop_rerun_keeps_the_container_and_downloads_nothing(host, original, tm
     assert hub_stats().get("download", 0) == before.get("download", 0)
 
 
+def test_a_driver_too_old_for_the_image_stops_the_play_before_the_engine_is_touched(host, original, tmp_path):
+    """The stand-in nvidia-smi reports CUDA 12.8 (an R570 driver); the image needs 13.0 (its NVIDIA_REQUIRE_CUDA)."""
+    gpu_env = "/etc/teamserve-testbed/gpu.env"
+    host.check_output(f"mkdir -p {os.path.dirname(gpu_env)} && cp -a {gpu_env} {gpu_env}.bak 2>/dev/null; "
+                      f"echo TESTBED_CUDA_VERSION=12.8 >> {gpu_env}")
+    try:
+        rc, results = run_role(tmp_path, {"vllm_flags": {"max-num-seqs": 4}})
+    finally:
+        host.check_output(f"if [ -e {gpu_env}.bak ]; then mv {gpu_env}.bak {gpu_env}; else rm -f {gpu_env}; fi")
+    assert rc != 0
+    message = " ".join(results["Check the driver runs the image's CUDA (upgrade the driver or pin an older image "
+                               "otherwise)"]["msg"].split())
+    assert "needs CUDA >= 13.0 (NVIDIA_REQUIRE_CUDA=cuda>=13.0)" in message
+    assert "supports CUDA 12.8 at most" in message and "upgrade the driver" in message
+    assert "Find out whether the engine container's spec changes" not in results
+    c = inspect(host)
+    assert c["Id"] == original["id"] and c["State"]["Running"]
+
+
 def test_a_process_holding_the_gpu_stops_the_new_engine_and_is_named(host, original, tmp_path):
     """A changed flag stops the old engine; a foreign GPU holder keeps the new one from starting."""
     host.check_output(f"mkdir -p {os.path.dirname(HOLDERS)} && echo '4242, /usr/bin/python3, 1024' > {HOLDERS}")
