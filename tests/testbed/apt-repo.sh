@@ -49,7 +49,10 @@ build() {
 serve() {
   ensure_networks
   image_exists "$IMAGE" || bash "$TESTBED_DIR/base-images.sh" bookworm
-  if [[ "$(docker inspect -f '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" == "true" ]]; then
+  # A rebuild replaces $APT_DIR as a whole (new inode); a running container's bind mount would keep
+  # serving the old, deleted tree, so it is recreated unless it sees the current directory.
+  if [[ "$(docker inspect -f '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" == "true" ]] \
+     && [[ "$(docker exec "$CONTAINER" stat -c %i /srv/apt 2>/dev/null)" == "$(stat -c %i "$APT_DIR")" ]]; then
     log "$CONTAINER already serving"
   else
     docker rm -f "$CONTAINER" >/dev/null 2>&1 || true

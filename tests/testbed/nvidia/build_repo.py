@@ -42,8 +42,10 @@ BIN = HERE / "bin"
 # 580.95.05 and 580.105.08 are NVIDIA production-branch releases of R580 (driver release notes,
 # https://docs.nvidia.com/datacenter/tesla/); "-1" is the Debian revision NVIDIA's Debian repo uses.
 DRIVER_VERSIONS = ["580.95.05-1", "580.105.08-1"]
-# NVIDIA Container Toolkit 1.18.2 (release notes above); "-1" as in NVIDIA's deb repo.
-TOOLKIT_VERSIONS = ["1.18.2-1"]
+# NVIDIA Container Toolkit 1.18.0 (the release that added nvidia-cdi-refresh, toolkit docs "Support for
+# Container Device Interface") and 1.18.2 (release notes above), so the toolkit's upgrade path can be
+# tested too; "-1" as in NVIDIA's deb repo.
+TOOLKIT_VERSIONS = ["1.18.0-1", "1.18.2-1"]
 DISTROS = ["debian12", "debian13"]
 MAINTAINER = "teamserve testbed <testbed@teamserve.invalid>"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
@@ -80,6 +82,7 @@ def driver_packages(v: str) -> list[dict]:
          "files": {"usr/bin/nvidia-smi": ("nvidia-smi", sub, 0o755)}},
         {"Package": "nvidia-persistenced",
          "Description": stand_in("nvidia-persistenced", "A foreground loop with the real unit name."),
+         "scripts": {"postinst": ("postinst-daemon-reload", {"@PACKAGE@": "nvidia-persistenced"}, 0o755)},
          "files": {"usr/bin/nvidia-persistenced": ("nvidia-persistenced", sub, 0o755),
                    "lib/systemd/system/nvidia-persistenced.service": ("nvidia-persistenced.service", {}, 0o644)}},
         {"Package": "libnvidia-ml1",
@@ -105,13 +108,21 @@ def toolkit_packages(v: str) -> list[dict]:
         {"Package": "nvidia-container-toolkit-base", "Depends": "python3",
          "Description": stand_in("nvidia-container-toolkit-base",
                                  "nvidia-ctk runtime configure --runtime=docker; the runtime execs runc."),
+         "scripts": {"postinst": ("postinst-daemon-reload", {"@PACKAGE@": "nvidia-container-toolkit-base"}, 0o755)},
          "files": {"usr/bin/nvidia-ctk": ("nvidia-ctk", sub, 0o755),
                    "usr/bin/nvidia-container-runtime": ("nvidia-container-runtime", sub, 0o755)}},
+        # The hook bind-mounts the stand-in driver (nvidia-smi, library markers, a device-access file)
+        # into --gpus containers from their mount namespace (python3, nsenter, mount); the generator
+        # revokes that access on `systemctl daemon-reload` (NVIDIA/nvidia-container-toolkit#48).
         {"Package": "nvidia-container-toolkit",
-         "Depends": f"nvidia-container-toolkit-base (= {v}), libnvidia-container-tools (>= {v})",
+         "Depends": f"nvidia-container-toolkit-base (= {v}), libnvidia-container-tools (>= {v}), "
+                    "python3, util-linux, mount",
          "Description": stand_in("nvidia-container-toolkit",
-                                 "The OCI hook reads the container state and injects nothing."),
-         "files": {"usr/bin/nvidia-container-runtime-hook": ("nvidia-container-runtime-hook", sub, 0o755)}},
+                                 "The OCI hook bind-mounts the stand-in nvidia-smi into --gpus containers; a\n"
+                                 " systemd generator reproduces GPU loss on daemon-reload (toolkit issue 48)."),
+         "files": {"usr/bin/nvidia-container-runtime-hook": ("nvidia-container-runtime-hook", sub, 0o755),
+                   "usr/lib/systemd/system-generators/teamserve-testbed-gpu-access-reset":
+                       ("teamserve-testbed-gpu-access-reset", sub, 0o755)}},
     ]
 
 
@@ -124,11 +135,17 @@ def run(*argv: str, **kw) -> subprocess.CompletedProcess:
 
 
 def build_deb(pkg: dict, version: str, out_dir: Path) -> Path:
-    """Build one .deb with dpkg-deb into out_dir; return its path."""
+    """Build one .deb with dpkg-deb into out_dir; return its path.
+
+    pkg["files"] maps paths in the package to literal content or (script in bin/, substitutions, mode);
+    pkg["scripts"] (optional) maps maintainer scripts (postinst, ...) to the same tuples.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "DEBIAN").mkdir()
-        for rel, spec in pkg["files"].items():
+        entries = list(pkg["files"].items())
+        entries += [(f"DEBIAN/{name}", spec) for name, spec in pkg.get("scripts", {}).items()]
+        for rel, spec in entries:
             dest = root / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(spec, tuple):
