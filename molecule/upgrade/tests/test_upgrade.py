@@ -9,8 +9,10 @@ and records what it is told. Traffic goes only to the testbed box (10.231.0.12).
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
+import re
 import subprocess
 import threading
 import time
@@ -107,10 +109,15 @@ def stream_through_gateway(key: str) -> str:
     return "".join(parts)
 
 
+def history_of_starts(state: dict) -> list:
+    return [json.loads(line) for line in state["cold_starts"].splitlines()]
+
+
 @pytest.fixture(scope="module")
 def before(host) -> dict:
     """The box as site.yml left it."""
-    return {"engine": engine(host), "pins": deployed_pins(host), "history": history(host)}
+    return {"engine": engine(host), "pins": deployed_pins(host), "history": history(host),
+            "cold_starts": host.file("/var/lib/teamserve/cold-start.jsonl").content_string}
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +161,19 @@ def test_broken_upgrade_fails_and_says_it_rolled_back(broken_upgrade):
     assert result.returncode != 0, result.stdout[-3000:]
     assert "rolled back" in result.stdout, result.stdout[-3000:]
     assert "Wait for the engine to load the model and answer /health" in result.stdout
-    # Derived readiness timeout: about 2 x the first deploy's cold start, not the 900 s budget.
-    assert broken_upgrade["seconds"] < 600, broken_upgrade["seconds"]
+
+
+def test_broken_engine_given_up_after_the_derived_wait_not_the_budget(before, broken_upgrade):
+    """The readiness wait comes from the last deploy's cold start (x (1 + margin), floor vllm_ready_timeout_min),
+    not the whole 900 s budget, so a broken upgrade is rolled back in minutes."""
+    testbed = yaml.safe_load((TESTBED_VARS / "main.yml").read_text())
+    deploys = [float(r["seconds_to_health"]) for r in history_of_starts(before) if r["trigger"] == "deploy"]
+    expected = min(testbed["vllm_ready_timeout"],
+                   max(testbed["vllm_ready_timeout_min"],
+                       math.ceil(deploys[-1] * (1 + testbed["vllm_cold_start_regression_margin"]))))
+    reason = broken_upgrade["history"][-1]["reason"]
+    waited = int(re.search(r"not ready (\d+) s", reason).group(1))
+    assert waited == expected < testbed["vllm_ready_timeout"], (reason, deploys)
 
 
 def test_broken_upgrade_left_the_box_as_it_was(before, broken_upgrade):

@@ -249,8 +249,8 @@ def main() -> None:
             break
         if time.time() > deadline:
             module.fail_json(
-                msg=f"engine not ready {params['timeout']} s after it started; raise vllm_ready_timeout "
-                "if the model needs longer to load",
+                msg=f"engine not ready {params['timeout']} s after it started; if the model needs longer to load, raise "
+                "vllm_ready_timeout (the budget) or vllm_cold_start_regression_margin (the wait derived from the last start)",
                 log_tail=tail(),
                 **result,
             )
