@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import yaml
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -24,6 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed"))
 HUB = "http://10.231.0.4"
 DATA_DIR = "/var/lib/teamserve/vllm"
+LOCK = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/lock.yml").read_text())
 HOLDERS = "/etc/teamserve-testbed/gpu-processes.csv"
 PLAY = "- hosts: teamserve\n  gather_facts: false\n  roles:\n    - role: vllm\n"
 
@@ -87,7 +89,7 @@ def test_engine_is_offline_on_the_pinned_revision(host, testbed_vars):
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == "/root/.cache/huggingface"
     assert not {"HF_TOKEN", "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT"} & set(env)
     args = c["Config"]["Cmd"]
-    model = testbed_vars["vllm_model"]
+    model = dict(testbed_vars["vllm_model"], revision=LOCK["vllm_model_revision"])  # pinned in the lock file
     assert args[0] == model["name"] == "teamserve/tiny-llama"
     assert args[args.index("--revision") + 1] == model["revision"]
     snapshot = f"{DATA_DIR}/huggingface/hub/models--teamserve--tiny-llama/snapshots/{model['revision']}"
