@@ -56,6 +56,8 @@ cleanup() {
   if [ -n "$litellm_pid" ] && kill -0 "$litellm_pid" 2>/dev/null; then
     kill "$litellm_pid" && wait "$litellm_pid" 2>/dev/null || true
   fi
+  # LITELLM_LOG_COPY=<file>: keep LiteLLM's log for debugging (mode 0600: errors may quote requests).
+  if [ -n "${LITELLM_LOG_COPY:-}" ] && [ -f "$work/litellm.log" ]; then cp "$work/litellm.log" "$LITELLM_LOG_COPY"; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
