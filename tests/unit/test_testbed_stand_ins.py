@@ -30,7 +30,8 @@ def test_testbed_inventory_pins_the_hubs_repository_and_commit():
     inv = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())
     repo = re.search(r"^HF_REPO=(\S+)$", (TESTBED / "hf-hub.sh").read_text(), re.M).group(1)
     assert inv["vllm_model"]["name"] == repo
-    assert inv["vllm_model"]["revision"] == REV
+    lock = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/lock.yml").read_text())
+    assert lock["vllm_model_revision"] == REV  # the lock file pins the model's revision
     assert inv["vllm_hf_endpoint"] == "http://10.231.0.4"
 
 
