@@ -137,13 +137,17 @@ def test_ubuntu_pin_hold_and_unattended_blacklist_cover_every_package(version):
     assert re.findall(r'"\^(.+)\$";', blacklist) == [re.escape(n) for n in names]
 
 
-@pytest.mark.parametrize("key,version,ok", [
-    (("Ubuntu", "22.04"), None, True), (("Ubuntu", "24.04"), None, True),
-    (("Debian", "12"), None, True), (("Debian", "13"), None, True), (("Ubuntu", "20.04"), None, False)])
-def test_supported_distributions(key, version, ok):
-    role = Role("nvidia_driver", FACTS[key])
-    conditions = role.task("assert.yml", "Refuse an unsupported distribution")["ansible.builtin.assert"]["that"]
-    assert all(role.condition(c) for c in conditions) is ok
+@pytest.mark.parametrize("role_name", ["nvidia_driver", "docker", "nvidia_container_toolkit"])
+@pytest.mark.parametrize("key,ok", [
+    (("Ubuntu", "22.04"), True), (("Ubuntu", "24.04"), True),
+    (("Debian", "12"), True), (("Debian", "13"), True), (("Ubuntu", "20.04"), False)])
+def test_supported_distributions(role_name, key, ok):
+    role = Role(role_name, FACTS[key])
+    task = role.task("assert.yml", "Refuse an unsupported distribution")["ansible.builtin.assert"]
+    assert all(role.condition(c) for c in task["that"]) is ok
+    if not ok:
+        msg = role.render(task["fail_msg"])
+        assert f"{role_name}: Ubuntu 20.04" in msg and "is not supported" in msg
 
 
 @pytest.mark.parametrize("branch,ok", [("535", False), ("550", False), ("570", True), ("580", True)])
@@ -216,3 +220,103 @@ def test_nvidia_driver_gpus_fact_matches_contract():
         {"index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
          "compute_cap": "9.0", "driver_version": "580.95.05"}]
     assert isinstance(gpus[0]["compute_cap"], str) and isinstance(gpus[0]["memory_total_mib"], int)
+
+
+def _pci_ids(*ids):
+    """slurp results of /sys/bus/pci/devices/*/device as the preflight registers them."""
+    import base64
+    return {"results": [{"content": base64.b64encode(f"{i}\n".encode()).decode()} for i in ids]}
+
+
+@pytest.mark.parametrize("ids,branch,refused", [
+    (["0x2bb1"], "550", True),             # RTX PRO 6000 Blackwell Workstation (GB202) with R550
+    (["0x2bb1"], "570", False),
+    (["0x2330", "0x2901"], "560", True),   # an H100 and a B200 (GB100) in one box
+    (["0x2330"], "550", False),            # Hopper only: R550 supports it, nothing to refuse
+    ([], "550", False)])
+def test_branch_older_than_the_detected_card_is_refused(ids, branch, refused):
+    """preflight.yml: a Blackwell PCI device ID (0x29xx-0x2fxx) needs R570+, whatever nvidia_driver_min_branch says."""
+    role = Role("nvidia_driver", FACTS[("Debian", "12")], nvidia_driver_branch=branch,
+                nvidia_driver_version=f"{branch}.10.01", nvidia_driver_min_branch=535)
+    role.vars["__nvidia_driver_pci_ids"] = _pci_ids(*ids)
+    role.vars["inventory_hostname"] = "gpu-box"
+    task = role.task("preflight.yml", "Refuse a branch older than the detected card needs")
+    role.vars.update(_trust(task["vars"]))
+    applies = role.condition(task["when"])
+    passes = all(role.condition(c) for c in task["ansible.builtin.assert"]["that"])
+    assert (applies and not passes) is refused
+    if refused:
+        msg = role.render(task["ansible.builtin.assert"]["fail_msg"])
+        assert f"nvidia_driver_branch={branch}" in msg and "570" in msg and ids[-1] in msg
+
+
+@pytest.mark.parametrize("version", ["22.04", "24.04"])
+def test_toolkit_repository_and_holds_for_ubuntu(version):
+    role = Role("nvidia_container_toolkit", FACTS[("Ubuntu", version)])
+    repo = role.task("repository.yml", "Add the libnvidia-container repository as a deb822 source")[
+        "ansible.builtin.deb822_repository"]
+    # One flat repository for every deb distribution; apt expands $(ARCH).
+    assert role.render(repo["uris"]) == ["https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)/"]
+    assert repo["suites"] == ["/"]
+    assert role.render(repo["signed_by"]) == "/etc/apt/keyrings/nvidia-container-toolkit.asc"
+    held = role.render(role.task("install.yml", "Hold the toolkit packages (dpkg selections)")["loop"])
+    assert held == ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                    "libnvidia-container1"]
+    installed = role.render(role.task("install.yml", "Install the pinned toolkit")["ansible.builtin.apt"]["name"])
+    assert installed == [f"{n}=1.18.2-1" for n in held]
+
+
+def test_docker_holds_for_ubuntu():
+    role = Role("docker", FACTS[("Ubuntu", "22.04")])
+    held = role.render(role.task("install-docker.yml", "Hold Docker Engine (dpkg selections)")["loop"])
+    assert held == ["docker-ce", "docker-ce-cli", "containerd.io"]
+    pref = role.template("docker.pref.j2")
+    assert re.search(r"^Pin: version 5:28\.5\.1-1~ubuntu\.22\.04~jammy$", pref, re.M)
+
+
+# Tasks that can reload systemd (package maintainer scripts, `systemctl enable`) and the register each
+# must feed into its role's "Re-check the GPU ..." include (NVIDIA/nvidia-container-toolkit#48).
+# Installs of gpg/ca-certificates/python3-debian are left out: none of them ships a systemd unit.
+RELOADING_TASKS = {
+    "nvidia_driver": {"Install DKMS and the kernel headers meta-package (they follow kernel upgrades, not held)":
+                      "__nvidia_driver_dkms",
+                      "Install the pinned driver with the open kernel modules": "nvidia_driver_install",
+                      "Enable and start nvidia-persistenced": "__nvidia_driver_persistenced"},
+    "docker": {"Install the packages": "__docker_install_first",
+               "Install or upgrade the packages (engine already installed, or check mode)": "__docker_install_update",
+               "Enable and start Docker": "__docker_enable"},
+    "nvidia_container_toolkit": {"Install the pinned toolkit": "nvidia_container_toolkit_install"},
+}
+PREREQUISITES = {"gpg", "ca-certificates", "python3-debian"}
+
+
+def _walk(tasks):
+    for task in tasks or []:
+        yield task
+        for key in ("block", "rescue", "always"):
+            yield from _walk(task.get(key))
+
+
+def _role_tasks(role):
+    for path in sorted((ROLES / role / "tasks").glob("*.yml")):
+        for task in _walk(LOADER.load_from_file(str(path))):
+            yield path.name, task
+
+
+@pytest.mark.parametrize("role", sorted(RELOADING_TASKS))
+def test_every_systemd_reload_is_followed_by_the_gpu_recheck(role):
+    seen = {}
+    for _, task in _role_tasks(role):
+        apt = task.get("ansible.builtin.apt") or {}
+        systemd = task.get("ansible.builtin.systemd_service") or {}
+        installs = "name" in apt and not (isinstance(apt["name"], list) and PREREQUISITES.issuperset(apt["name"]))
+        if installs or "enabled" in systemd or systemd.get("daemon_reload"):
+            seen[task["name"]] = task.get("register")
+    assert seen == RELOADING_TASKS[role], "a task that reloads systemd is not wired to the GPU re-check"
+    main = LOADER.load_from_file(str(ROLES / role / "tasks/main.yml"))
+    recheck = [t for t in main if t.get("name") == "Re-check the GPU in the running engine container after a systemd reload"]
+    assert len(recheck) == 1 and main[-1] is recheck[0], "the re-check must be the role's last step"
+    include = recheck[0].get("ansible.builtin.include_role") or recheck[0].get("ansible.builtin.include_tasks")
+    assert include in ({"name": "nvidia_container_toolkit", "tasks_from": "recheck_gpu.yml"}, "recheck_gpu.yml")
+    for register in RELOADING_TASKS[role].values():
+        assert f"({register} | default({{}})) is changed" in recheck[0]["when"]

@@ -10,6 +10,9 @@ DRIVER_PACKAGES = ["nvidia-open", "nvidia-driver", "nvidia-kernel-open-dkms", "n
 TOOLKIT_PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base",
                     "libnvidia-container-tools", "libnvidia-container1"]
 STAND_IN_DRIVER_VERSIONS = {"580.95.05-1", "580.105.08-1"}
+# converge pins 1.18.0-1 (molecule.yml), side_effect.yml upgrades to 1.18.2-1
+STAND_IN_TOOLKIT_VERSIONS = {"1.18.0-1", "1.18.2-1"}
+TOOLKIT_PREF = "/etc/apt/preferences.d/nvidia-container-toolkit.pref"
 
 
 def pinned_version(host, pref):
@@ -55,8 +58,9 @@ def test_driver_package_installed_at_pin_and_held(host, name):
 
 @pytest.mark.parametrize("name", TOOLKIT_PACKAGES)
 def test_toolkit_package_installed_at_pin_and_held(host, name):
-    assert pinned_version(host, "/etc/apt/preferences.d/nvidia-container-toolkit.pref") == "1.18.2-1"
-    assert host.package(name).version == "1.18.2-1"
+    pin = pinned_version(host, TOOLKIT_PREF)
+    assert pin in STAND_IN_TOOLKIT_VERSIONS
+    assert host.package(name).version == pin
     assert host.check_output(f"dpkg --get-selections {name}").split()[-1] == "hold"
 
 
@@ -112,10 +116,12 @@ def test_daemon_json_keeps_admin_keys_and_has_nvidia_runtime(host):
 
 
 def test_docker_started_once_and_restarted_once(host):
-    # zz-gpudev-start-counter.conf (prepare.yml) appends a line per dockerd start:
-    # first start with the merged daemon.json + one restart for the nvidia runtime, across all runs.
+    # zz-gpudev-start-counter.conf (prepare.yml) appends a line per dockerd start: the first start with
+    # the merged daemon.json + one restart for the nvidia runtime (converge, idempotence and check
+    # mode add none), + one for the toolkit upgrade in side_effect.yml (none for the driver's).
     starts = host.file("/var/lib/gpudev-docker-starts").content_string.split()
-    assert len(starts) == 2, starts
+    upgraded = pinned_version(host, TOOLKIT_PREF) == "1.18.2-1"
+    assert len(starts) == (3 if upgraded else 2), starts
 
 
 def test_docker_info_lists_nvidia_runtime(host):
@@ -128,12 +134,18 @@ def test_python_docker_sdk_on_host(host):
     assert host.run("python3 -c 'import docker'").rc == 0
 
 
-def test_docker_run_gpus_all_with_local_image(host):
-    host.run("docker rm -f gpudev-gpu-probe")
+@pytest.fixture()
+def tiny_image(host):
+    """gpudev-tiny:1, a busybox-only image imported on the box (no registry here)."""
     if host.run("docker image inspect gpudev-tiny:1").rc != 0:
         build = host.run("set -e; d=$(mktemp -d); mkdir -p $d/bin; cp /bin/busybox $d/bin/busybox; "
                          "ln -s busybox $d/bin/sh; tar -C $d -c . | docker import - gpudev-tiny:1; rm -rf $d")
         assert build.rc == 0, build.stderr
+    return "gpudev-tiny:1"
+
+
+def test_docker_run_gpus_all_with_local_image(host, tiny_image):
+    host.run("docker rm -f gpudev-gpu-probe")
     # --network none: nested Docker 26 (Debian 13) cannot set up bridge IPv6 inside this box; the GPU
     # path (device request -> nvidia-container-runtime-hook prestart) does not need a network.
     run = host.run("docker run --rm --network none --name gpudev-gpu-probe --gpus all gpudev-tiny:1 "
@@ -141,3 +153,11 @@ def test_docker_run_gpus_all_with_local_image(host):
     assert run.rc == 0 and run.stdout.strip() == "gpu-ok", run.stderr
     run = host.run("docker run --rm --network none --runtime nvidia gpudev-tiny:1 /bin/busybox echo runtime-ok")
     assert run.rc == 0 and run.stdout.strip() == "runtime-ok", run.stderr
+
+
+def test_gpu_container_sees_the_gpu_and_a_plain_one_does_not(host, tiny_image):
+    # The toolkit's hook bind-mounts the driver's nvidia-smi into --gpus containers only.
+    gpu = host.run("docker run --rm --network none --gpus all gpudev-tiny:1 nvidia-smi -L")
+    assert gpu.rc == 0 and gpu.stdout.startswith("GPU 0: NVIDIA RTX PRO 6000 Blackwell"), gpu.stdout + gpu.stderr
+    plain = host.run("docker run --rm --network none gpudev-tiny:1 nvidia-smi -L")
+    assert plain.rc != 0 and "nvidia-smi" in plain.stderr, plain.stdout + plain.stderr
