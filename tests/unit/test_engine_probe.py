@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
 import yaml
+from repo_modules import load
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("vllm_engine_probe", ROOT / "roles/vllm/library/vllm_engine_probe.py")
-probe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(probe)
+probe = load("vllm_engine_probe", "roles/vllm/library/vllm_engine_probe.py")
 
 STARTED = probe.parse_docker_time("2026-11-30T10:00:00.000000000Z")
 

@@ -4,7 +4,6 @@ nvidia-smi answers the role reads (header CUDA version, --query-compute-apps).""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import pathlib
 import re
@@ -14,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from repo_modules import load
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -21,9 +21,7 @@ TESTBED = REPO / "tests" / "testbed"
 REV = re.search(r"^HF_REVISION=([0-9a-f]{40})$", (TESTBED / "hf-hub.sh").read_text(), re.M).group(1)
 TOKEN = "hf_" + "A" * 34
 
-_spec = importlib.util.spec_from_file_location("hub_server", TESTBED / "hf-hub" / "hub_server.py")
-hub_server = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hub_server)
+hub_server = load("hub_server", "tests/testbed/hf-hub/hub_server.py")
 
 
 def test_testbed_inventory_pins_the_hubs_repository_and_commit():

@@ -4,26 +4,21 @@ module's gap arithmetic."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
 
 import pytest
+from repo_modules import load
 from ansible.errors import AnsibleFilterError
 
 ROLE = pathlib.Path(__file__).resolve().parents[2] / "roles" / "teamserve_verify"
 
 
-def _load(name: str, path: pathlib.Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-filters = _load("teamserve_verify_filters", ROLE / "filter_plugins" / "teamserve_verify.py")
-long_prompt = _load("teamserve_verify_long_prompt", ROLE / "library" / "teamserve_verify_long_prompt.py")
+filters = load("teamserve_verify_filters", "roles/teamserve_verify/filter_plugins/teamserve_verify.py")
+long_prompt = load("teamserve_verify_long_prompt", "roles/teamserve_verify/library/teamserve_verify_long_prompt.py")
 
 # Shaped like vLLM 0.32's /metrics (prometheus_client text format): one engine label set.
 METRICS_BEFORE = """\

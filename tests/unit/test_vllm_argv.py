@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 
 import pytest
+from repo_modules import load
 from ansible.errors import AnsibleFilterError
 
 ROLE = pathlib.Path(__file__).resolve().parents[2] / "roles" / "vllm"
-_spec = importlib.util.spec_from_file_location("vllm_argv", ROLE / "filter_plugins" / "vllm_argv.py")
-vllm_argv = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(vllm_argv)
+vllm_argv = load("vllm_argv", "roles/vllm/filter_plugins/vllm_argv.py")
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -4,25 +4,19 @@ completeness check (roles/vllm/library/vllm_hf_snapshot.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 
 import pytest
+from repo_modules import load
 from ansible.errors import AnsibleFilterError
 
-ROLE = pathlib.Path(__file__).resolve().parents[2] / "roles" / "vllm"
 
 
-def _load(name: str, path: pathlib.Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-checks = _load("vllm_checks", ROLE / "filter_plugins" / "vllm_checks.py")
-snapshot = _load("vllm_hf_snapshot", ROLE / "library" / "vllm_hf_snapshot.py")
+checks = load("vllm_checks", "roles/vllm/filter_plugins/vllm_checks.py")
+snapshot = load("vllm_hf_snapshot", "roles/vllm/library/vllm_hf_snapshot.py")
 
 REV = "ef486eba9ff0b47394b3d9daf8a30e736bf68ef8"
 # The official image's env (recorded from vllm/vllm-openai v0.23.0/v0.28.0; the testbed image carries it).
