@@ -9,9 +9,12 @@ gv="$REPO_ROOT/inventories/testbed/group_vars/teamserve"
 pass="$TESTBED_CACHE/vault-pass"
 
 umask 077
-if [[ ! -s $pass || ! -s $gv/vault.yml ]]; then
+# The password is shared by every checkout on this machine (it lives in the cache): made once, never
+# replaced, so a second checkout's new vault does not lock the first one out of its own.
+[[ -s $pass ]] || openssl rand -hex 32 >"$pass"
+if ! "$ansible_vault" view --vault-password-file "$pass" "$gv/vault.yml" >/dev/null 2>&1; then
+  [[ -e $gv/vault.yml ]] && mv "$gv/vault.yml" "$TESTBED_CACHE/vault.yml.undecryptable-$(date +%s)"
   log "generating the testbed's vault (random keys)"
-  openssl rand -hex 32 >"$pass"
   key() { printf 'sk-ts-%s' "$(openssl rand -hex 24)"; }
   tmp=$(mktemp)
   cat >"$tmp" <<YAML
