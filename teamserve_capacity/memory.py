@@ -329,24 +329,3 @@ def estimate_budget(spec: ModelSpec, *, memory_total_mib: int, gpu_memory_utiliz
                   non_torch_bytes=non_torch, activation_bytes=activation, cudagraph_bytes=graphs,
                   kv_budget_bytes=kv, sources=sources)
 
-
-def seeds_max_concurrent(vram_bytes: int, weights_bytes: int, overhead_bytes: int,
-                         kv_bytes_per_token: int, avg_context_tokens: int) -> int:
-    """The seeds' simple form: floor((VRAM - weights - overhead) / (kv_token x avg_context)).
-
-    Source: "Serving an Open Model to Your Whole Team", the capacity model
-    (``max_concurrent = (vram - weights - overhead) / (kv_token * avg_context)``).
-
-    Args:
-        vram_bytes: GPU memory, bytes.
-        weights_bytes: weights, bytes.
-        overhead_bytes: CUDA context and activations, bytes.
-        kv_bytes_per_token: 2 x layers x kv_heads x head_dim x element bytes.
-        avg_context_tokens: average tokens per sequence.
-    Returns:
-        whole concurrent sequences (0 when nothing is left).
-    """
-    left = vram_bytes - weights_bytes - overhead_bytes
-    if left <= 0:
-        return 0
-    return left // (kv_bytes_per_token * avg_context_tokens)

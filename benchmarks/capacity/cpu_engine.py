@@ -22,10 +22,13 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from teamserve_capacity import GIB, parse_config, parse_startup_log
 from teamserve_capacity.kv import kv_layout
 
-TINY = Path(__file__).resolve().parents[2] / "tests/capacity/fixtures/configs/teamserve-testbed--tiny-llama.json"
+# The tiny Llama's config.json as the testbed inventory gives it to the planner.
+TESTBED_VARS = Path(__file__).resolve().parents[2] / "inventories/testbed/group_vars/teamserve/main.yml"
 DTYPE_BYTES = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2}
 
 
@@ -65,8 +68,11 @@ def main() -> int:
     parser.add_argument("--model-dir", help="host directory of another model to serve (config.json inside)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     args = parser.parse_args()
-    config_path = Path(args.model_dir) / "config.json" if args.model_dir else TINY
-    spec = parse_config(json.loads(config_path.read_text()))
+    if args.model_dir:
+        config = json.loads((Path(args.model_dir) / "config.json").read_text())
+    else:
+        config = yaml.safe_load(TESTBED_VARS.read_text())["vllm_model"]["config"]
+    spec = parse_config(config)
     rows = []
     for kv_dtype in args.dtypes.split(","):
         log = run_engine(args.image, args.kv_space_gib, kv_dtype, args.max_model_len, args.timeout,

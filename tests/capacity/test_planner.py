@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from teamserve_capacity import plan
+from teamserve_capacity.kv import kv_layout
 from teamserve_capacity.model import CHUNKED, FULL, LINEAR, SLIDING, parse_config
 
-from .conftest import CONFIGS, ENGINE, RTX_PRO_6000, load_config
+from .conftest import CONFIGS, ENGINE, RTX_PRO_6000, load_config, tiny_llama_config
 
 ALL_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.json"))
 
@@ -186,15 +187,15 @@ def test_inputs_are_not_mutated(tiny_model, workload) -> None:
 # benchmarks/capacity/cpu_engine.py): VLLM_CPU_KVCACHE_SPACE=1, --max-model-len 2048,
 # --max-num-batched-tokens 512, block size 128 chosen by the CPU backend, one batch in flight.
 @pytest.mark.parametrize(("name", "kv_bytes", "batched", "logged"), [
-    ("teamserve-testbed--tiny-llama", 2, 512, 1_048_576),
-    ("teamserve-testbed--tiny-llama", 1, 512, 2_097_152),
+    ("tiny-llama", 2, 512, 1_048_576),
+    ("tiny-llama", 1, 512, 2_097_152),
     ("teamserve-testbed--tiny-gemma3", 2, 512, 729_444),
     ("teamserve-testbed--tiny-gemma3", 1, 512, 1_458_888),
     ("teamserve-testbed--tiny-gemma3", 2, 2048, 332_222),
 ])
 def test_reproduces_vllm_cpu_kv_cache_size(name: str, kv_bytes: int, batched: int, logged: int) -> None:
-    from teamserve_capacity.kv import kv_layout
-    layout = kv_layout(parse_config(load_config(name)), tensor_parallel_size=1, kv_dtype_bytes=kv_bytes,
+    config = tiny_llama_config() if name == "tiny-llama" else load_config(name)
+    layout = kv_layout(parse_config(config), tensor_parallel_size=1, kv_dtype_bytes=kv_bytes,
                        block_size=128, state_dtype_bytes=2, prefix_caching=True)
     blocks = 1024 ** 3 // layout.bytes_per_block
     assert layout.logged_kv_tokens(blocks, 2048, batched) == logged
