@@ -203,10 +203,8 @@ def activation_bytes_per_token(spec: ModelSpec, tensor_parallel_size: int, act_b
     """
     tp = tensor_parallel_size
     h = spec.hidden_size
-    if eager:
-        dense = 3 * h + 3 * spec.intermediate_size // tp
-    else:
-        dense = h + 3 * spec.intermediate_size // tp
+    residual_and_input = 3 * h if eager else h
+    dense = residual_and_input + 3 * spec.intermediate_size // tp
     per_token = dense if (spec.moe is None or spec.moe.first_dense_layers) else 0
     if spec.moe is not None:
         n = spec.moe.expert_intermediate_size // tp

@@ -16,8 +16,9 @@ Sources (vLLM 0.32.0 wheel, read for this module):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import PlanError
 

@@ -7,8 +7,9 @@ share every check and every number.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .errors import PlanError
 from .hardware import QUANT_METHOD_FLAG, WEIGHT_FORMATS, fp8_kv_support, parse_compute_cap
@@ -324,7 +325,8 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
 
 def _verdict(fits: bool, w: Workload, conc_avg: int, conc_max: int, max_len: int, budget: Budget) -> str:
     if budget.kv_budget_bytes <= 0:
-        return (f"does not fit: the weights and overheads take {budget.requested_bytes / GIB - budget.kv_budget_bytes / GIB:.1f} "
+        taken = (budget.requested_bytes - budget.kv_budget_bytes) / GIB
+        return (f"does not fit: the weights and overheads take {taken:.1f} "
                 f"GiB of the {budget.requested_bytes / GIB:.1f} GiB vLLM may use; nothing is left for the KV cache")
     if fits:
         return (f"fits: {conc_avg} sequences at {w.avg_context_tokens:,} tokens "

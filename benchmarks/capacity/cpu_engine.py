@@ -79,12 +79,14 @@ def main() -> int:
                          args.model_dir, args.max_num_batched_tokens)
         parsed = parse_startup_log(log)
         if "kv_tokens" not in parsed:
-            print(f"{kv_dtype}: no 'KV cache size' line; last log lines:\n" + "\n".join(log.splitlines()[-15:]))
+            last = "\n".join(log.splitlines()[-15:])
+            print(f"{kv_dtype}: no 'KV cache size' line; last log lines:\n{last}")
             return 1
         model_dtype = re.search(r"dtype=(torch\.\w+)", log)
         # The CPU backend picks its own block size (128); vLLM logs it as "kv lcm block sizes".
         block = re.search(r"kv lcm block sizes (\d+)", log) or re.search(r"block_size=(\d+)", log)
-        elem = 1 if kv_dtype.startswith("fp8") else DTYPE_BYTES[model_dtype.group(1) if model_dtype else "torch.float32"]
+        model_dtype_name = model_dtype.group(1) if model_dtype else "torch.float32"
+        elem = 1 if kv_dtype.startswith("fp8") else DTYPE_BYTES[model_dtype_name]
         block_size = int(block.group(1)) if block else 16
         layout = kv_layout(spec, tensor_parallel_size=1, kv_dtype_bytes=elem, block_size=block_size,
                            state_dtype_bytes=2, prefix_caching=True)
@@ -97,8 +99,8 @@ def main() -> int:
                      parsed["kv_tokens"], tokens))
     print(f"{'kv dtype':<9} {'model dtype':<15} {'block':>5} {'B/elem':>6} {'vLLM tokens':>12} "
           f"{'planner':>12} {'err %':>7}")
-    for kv_dtype, mdt, block, elem, logged, planned in rows:
-        print(f"{kv_dtype:<9} {mdt:<15} {block:>5} {elem:>6} {logged:>12,} {planned:>12,} "
+    for kv_dtype, mdt, block_tokens, elem, logged, planned in rows:
+        print(f"{kv_dtype:<9} {mdt:<15} {block_tokens:>5} {elem:>6} {logged:>12,} {planned:>12,} "
               f"{100 * (planned - logged) / logged:>7.3f}")
     return 0
 

@@ -82,6 +82,20 @@ def test_gqa_kv_heads_split_over_tensor_parallel() -> None:
     assert one["fits"] is False and two["fits"] is True
 
 
+def test_budget_parts_add_up_and_tensor_parallel_splits_them() -> None:
+    """The table's deductions sum to the KV budget; TP=2 halves the weights, adds NCCL's non-torch."""
+    model = {"name": "l", "config": load_config("meta-llama--Llama-3.3-70B-Instruct"), "weight_format": "fp8"}
+    wl = {"concurrent_sequences": 4, "avg_context_tokens": 4000, "max_context_tokens": 8192}
+    gpus = [dict(RTX_PRO_6000, index=i) for i in range(2)]
+    one, two = (plan(model, wl, gpus, dict(ENGINE, tensor_parallel_size=tp))["numbers"] for tp in (1, 2))
+    for n in (one, two):
+        parts = n["weights_gib"] + n["non_torch_gib"] + n["activation_peak_gib"] + n["cudagraph_gib"]
+        assert abs(n["requested_gib"] - parts - n["kv_budget_gib"]) < 0.03  # four values rounded to 0.01
+    assert abs(two["weights_gib"] - one["weights_gib"] / 2) < 0.01
+    # +0.42 GiB per extra rank: llm-d's H100 logs, Llama-3.3-70B-FP8 at TP=1 and TP=2
+    assert round(two["non_torch_gib"] - one["non_torch_gib"], 2) == 0.42
+
+
 def test_gemma3_hybrid_groups_like_vllm() -> None:
     spec = parse_config(load_config("google--gemma-3-27b-it"))
     counts = spec.kind_counts()
