@@ -30,7 +30,9 @@ def _count(text: str) -> int:
         raise ValueError(text)
     return int(value)
 
+
 def _parser() -> argparse.ArgumentParser:
+    """The ``teamserve-plan`` argument parser (sizes in MiB/bytes, contexts in tokens, targets in s)."""
     p = argparse.ArgumentParser(prog="teamserve-plan", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     q = sub.add_parser("plan", help="plan one deployment")
@@ -61,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The planner's four inputs ``{model, workload, gpus, engine}`` from ``--input`` or the flags.
+
+    Raises:
+        PlanError: neither --input nor --config, or --input not a JSON object.
+        OSError, json.JSONDecodeError: a file that cannot be read or parsed.
+    """
     if args.input:
         with open(args.input, encoding="utf-8") as fh:
             data = json.load(fh)

@@ -302,6 +302,7 @@ def estimate_budget(spec: ModelSpec, *, memory_total_mib: int, gpu_memory_utiliz
     act_elem = 2 if spec.dtype != "float32" else 4
 
     def pick(name: str, value: int | None, estimate: int, est_source: str = "estimated") -> int:
+        """The measured bytes if given, else the estimate; records which in ``sources``."""
         if value is not None:
             sources[name] = "measured"
             return value

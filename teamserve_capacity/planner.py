@@ -34,7 +34,8 @@ DEFAULT_BATCHED_TOKENS = 8192
 SEQS_ROUNDING = 8
 # Queue cap: admit at most this many waiting requests per running slot before
 # vLLM answers 503 (--max-num-queued-reqs), so a full server says so instead of
-# queueing without bound (seeds: "decide what happens when it is full").
+# queueing without bound. 4 is a judgement, not a vLLM default: a queued request
+# waits behind at most about four requests per slot.
 QUEUE_PER_SEQ = 4
 
 
@@ -58,6 +59,7 @@ class Workload:
 
 
 def _req(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+    """``mapping[key]``; PlanError naming ``where.key`` if it is missing or null."""
     if not isinstance(mapping, Mapping):
         raise PlanError(where, mapping, "must be a mapping (dict)")
     if key not in mapping or mapping[key] is None:
@@ -66,12 +68,14 @@ def _req(mapping: Mapping[str, Any], key: str, where: str) -> Any:
 
 
 def _pos_int(value: Any, field: str, fix: str) -> int:
+    """``value`` if it is an int >= 1 (not a bool); else PlanError(field, value, fix)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise PlanError(field, value, fix)
     return value
 
 
 def _pos_float(value: Any, field: str, fix: str) -> float:
+    """``value`` as a float if it is a number > 0 (not a bool); else PlanError(field, value, fix)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise PlanError(field, value, fix)
     return float(value)
@@ -102,7 +106,16 @@ def parse_workload(workload: Mapping[str, Any]) -> Workload:
 
 
 def _weights_total(model: Mapping[str, Any], spec: ModelSpec, fmt: str) -> tuple[int, str]:
-    """Total weight bytes and where the number came from."""
+    """All weights of the model in bytes, and where the number came from.
+
+    ``weight_bytes`` as given (the safetensors index's metadata.total_size), else ``params`` x
+    the format's bits per weight / 8, else the parameters estimated from the config.
+
+    Returns:
+        (bytes, source): source is "given", "params x bits" or "estimated".
+    Raises:
+        PlanError: weight_bytes or params not a whole number >= 1.
+    """
     if model.get("weight_bytes") is not None:
         return _pos_int(model["weight_bytes"], "vllm_model.weight_bytes",
                         "give the safetensors index metadata.total_size in bytes, > 0"), "given"
@@ -324,6 +337,7 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
 
 
 def _verdict(fits: bool, w: Workload, conc_avg: int, conc_max: int, max_len: int, budget: Budget) -> str:
+    """One sentence: fits or not, with the sequences that fit at the average and maximum context."""
     if budget.kv_budget_bytes <= 0:
         taken = (budget.requested_bytes - budget.kv_budget_bytes) / GIB
         return (f"does not fit: the weights and overheads take {taken:.1f} "
@@ -339,7 +353,18 @@ def _verdict(fits: bool, w: Workload, conc_avg: int, conc_max: int, max_len: int
 
 def _levers(spec: ModelSpec, w: Workload, layout: KVLayout, budget: Budget, fmt: str, kv_bytes: int,
             kv_support: str, tp: int, num_blocks: int, in_flight: int, max_len: int) -> list[str]:
-    """What would make it fit, each with its number (like the seeds' bullets)."""
+    """What would make a plan that does not fit fit, one sentence each with its number.
+
+    Args:
+        spec, w, layout, budget: the model, the workload, its KV layout and the memory budget.
+        fmt: the weight format; kv_bytes: bytes per KV element; kv_support: fp8 KV support of the GPU.
+        tp: tensor-parallel size; num_blocks: KV blocks in the pool; in_flight: tokens in flight.
+        max_len: --max-model-len, tokens.
+    Returns:
+        levers, most effective first: a shorter average context (tokens), fewer sequences, a lower
+        --max-model-len, fp8 KV (bytes per token), 4-bit weights (GiB freed; 4.25 bits per weight
+        with scales, the MXFP4 rate in hardware.WEIGHT_FORMATS), a second GPU.
+    """
     out: list[str] = []
     if num_blocks:
         # Longest average context that serves the requested sequences.

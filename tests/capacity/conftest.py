@@ -25,7 +25,7 @@ _ROLE_DEFAULTS = yaml.safe_load((REPO / "roles/vllm/defaults/main.yml").read_tex
 _TESTBED = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())
 
 # The one GPU the role plans for before nvidia-smi has reported (RTX PRO 6000 Blackwell, 97,887 MiB).
-RTX_PRO_6000: dict[str, Any] = dict(_ROLE_DEFAULTS["vllm_gpu_expected"][0], driver_version="580.95.05")
+RTX_PRO_6000: dict[str, Any] = dict(_ROLE_DEFAULTS["vllm_gpu_expected"][0])
 # The role's engine defaults, with the vLLM release they template in.
 ENGINE: dict[str, Any] = dict(_ROLE_DEFAULTS["vllm_engine"], vllm_version=_ROLE_DEFAULTS["vllm_version"])
 
