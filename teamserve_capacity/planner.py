@@ -32,6 +32,9 @@ DEFAULT_BATCHED_TOKENS = 8192
 # CUDA graphs are captured for batch sizes in multiples of 8 (vLLM
 # compilation config cudagraph_capture_sizes), so max-num-seqs is rounded to 8.
 SEQS_ROUNDING = 8
+# Upper bound of the planned --max-num-seqs: vLLM 0.32's own default on GPUs
+# with >= 70 GiB (engine/arg_utils.py, OpenAI server).
+MAX_NUM_SEQS = 1024
 # Queue cap: admit at most this many waiting requests per running slot before
 # vLLM answers 503 (--max-num-queued-reqs), so a full server says so instead of
 # queueing without bound. 4 is a judgement, not a vLLM default: a queued request
@@ -139,6 +142,12 @@ def _max_batched_tokens(tpot_seconds: float, seqs: int) -> int:
     time-per-output-token low at the cost of time-to-first-token (vLLM docs,
     "Optimization and tuning: chunked prefill"): targets below 50 ms halve it,
     below 25 ms quarter it; never below max-num-seqs.
+
+    Args:
+        tpot_seconds: the workload's time-per-output-token target, s.
+        seqs: the concurrent sequences asked for.
+    Returns:
+        tokens per engine step.
     """
     base = DEFAULT_BATCHED_TOKENS
     if tpot_seconds < 0.025:
@@ -254,7 +263,7 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     weights_total, weights_source = _weights_total(model, spec, fmt)
     measured = Measured(**{k: v for k, v in dict(engine.get("measured") or {}).items()
                            if k in Measured.__dataclass_fields__})
-    seqs_cap_guess = min(1024, max(SEQS_ROUNDING, cdiv(seqs_wanted, SEQS_ROUNDING) * SEQS_ROUNDING))
+    seqs_cap_guess = min(MAX_NUM_SEQS, max(SEQS_ROUNDING, cdiv(seqs_wanted, SEQS_ROUNDING) * SEQS_ROUNDING))
     budget = estimate_budget(spec, memory_total_mib=total_mib, gpu_memory_utilization=float(util),
                              weights_bytes_total=weights_total, weights_source=weights_source,
                              tensor_parallel_size=tp, max_num_batched_tokens=batched,
