@@ -31,9 +31,11 @@ demo: testbed ## Provision a testbed box with site.yml and print the gateway URL
 	molecule converge -s default
 	tests/testbed/report.sh
 
-lint: venv ## yamllint and ansible-lint (production profile)
+lint: venv ## yamllint, ansible-lint (production profile), ruff and mypy (config: pyproject.toml)
 	yamllint --strict .
 	ansible-lint --profile production
+	ruff check .
+	mypy
 
 unit: venv ## Unit tests: the capacity planner and the roles' Python code
 	pytest -q tests/capacity tests/unit tests/gateway tests/firewall

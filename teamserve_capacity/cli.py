@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .errors import PlanError
 from .logs import measured_from_log, parse_startup_log
 from .planner import PINNED_VLLM, plan
-
 
 
 def _count(text: str) -> int:
@@ -30,7 +30,9 @@ def _count(text: str) -> int:
         raise ValueError(text)
     return int(value)
 
+
 def _parser() -> argparse.ArgumentParser:
+    """The ``teamserve-plan`` argument parser (sizes in MiB/bytes, contexts in tokens, targets in s)."""
     p = argparse.ArgumentParser(prog="teamserve-plan", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     q = sub.add_parser("plan", help="plan one deployment")
@@ -40,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--weight-format", default="bf16",
                    choices=["bf16", "fp16", "fp8", "awq", "gptq", "nvfp4", "mxfp4"])
     q.add_argument("--weight-bytes", type=int, help="safetensors index metadata.total_size")
-    q.add_argument("--params", type=_count, help="parameter count, e.g. 32800000000 or 32.8e9 (when --weight-bytes is unknown)")
+    q.add_argument("--params", type=_count,
+                   help="parameter count, e.g. 32800000000 or 32.8e9 (when --weight-bytes is unknown)")
     q.add_argument("--gpu-mib", type=int, default=97887, help="nvidia-smi memory.total, MiB")
     q.add_argument("--gpu-name", default="NVIDIA RTX PRO 6000 Blackwell Workstation Edition")
     q.add_argument("--compute-cap", default="12.0")
@@ -60,9 +63,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The planner's four inputs ``{model, workload, gpus, engine}`` from ``--input`` or the flags.
+
+    Raises:
+        PlanError: neither --input nor --config, or --input not a JSON object.
+        OSError, json.JSONDecodeError: a file that cannot be read or parsed.
+    """
     if args.input:
         with open(args.input, encoding="utf-8") as fh:
-            return json.load(fh)
+            data = json.load(fh)
+        if not isinstance(data, dict):
+            raise PlanError("--input", type(data).__name__,
+                            "give a JSON object with model, workload, gpus and engine")
+        return data
     if not args.config:
         raise PlanError("--config", None, "give the model's config.json (or --input)")
     with open(args.config, encoding="utf-8") as fh:

@@ -70,7 +70,7 @@ class KVLayout:
             (``group_size x page_bytes``); num_blocks = budget // this.
         kinds: per attention kind detail.
         kv_bytes_per_token: bytes one token costs summed over every
-            token-storing layer (the seeds' ``kv_token``, per GPU).
+            token-storing layer, per GPU (``kv_token`` in the table).
         sliding_window, attention_chunk_size: window/chunk lengths in tokens.
         mamba_blocks_per_request: state blocks a sequence holds per LINEAR
             group (2 with prefix caching — vLLM's "align" mode — else 1).

@@ -203,10 +203,8 @@ def activation_bytes_per_token(spec: ModelSpec, tensor_parallel_size: int, act_b
     """
     tp = tensor_parallel_size
     h = spec.hidden_size
-    if eager:
-        dense = 3 * h + 3 * spec.intermediate_size // tp
-    else:
-        dense = h + 3 * spec.intermediate_size // tp
+    residual_and_input = 3 * h if eager else h
+    dense = residual_and_input + 3 * spec.intermediate_size // tp
     per_token = dense if (spec.moe is None or spec.moe.first_dense_layers) else 0
     if spec.moe is not None:
         n = spec.moe.expert_intermediate_size // tp
@@ -304,6 +302,7 @@ def estimate_budget(spec: ModelSpec, *, memory_total_mib: int, gpu_memory_utiliz
     act_elem = 2 if spec.dtype != "float32" else 4
 
     def pick(name: str, value: int | None, estimate: int, est_source: str = "estimated") -> int:
+        """The measured bytes if given, else the estimate; records which in ``sources``."""
         if value is not None:
             sources[name] = "measured"
             return value
@@ -329,24 +328,3 @@ def estimate_budget(spec: ModelSpec, *, memory_total_mib: int, gpu_memory_utiliz
                   non_torch_bytes=non_torch, activation_bytes=activation, cudagraph_bytes=graphs,
                   kv_budget_bytes=kv, sources=sources)
 
-
-def seeds_max_concurrent(vram_bytes: int, weights_bytes: int, overhead_bytes: int,
-                         kv_bytes_per_token: int, avg_context_tokens: int) -> int:
-    """The seeds' simple form: floor((VRAM - weights - overhead) / (kv_token x avg_context)).
-
-    Source: "Serving an Open Model to Your Whole Team", the capacity model
-    (``max_concurrent = (vram - weights - overhead) / (kv_token * avg_context)``).
-
-    Args:
-        vram_bytes: GPU memory, bytes.
-        weights_bytes: weights, bytes.
-        overhead_bytes: CUDA context and activations, bytes.
-        kv_bytes_per_token: 2 x layers x kv_heads x head_dim x element bytes.
-        avg_context_tokens: average tokens per sequence.
-    Returns:
-        whole concurrent sequences (0 when nothing is left).
-    """
-    left = vram_bytes - weights_bytes - overhead_bytes
-    if left <= 0:
-        return 0
-    return left // (kv_bytes_per_token * avg_context_tokens)

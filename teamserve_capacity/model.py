@@ -16,8 +16,9 @@ Sources (vLLM 0.32.0 wheel, read for this module):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import PlanError
 
@@ -224,6 +225,11 @@ def _positive_int(cfg: Mapping[str, Any], names: tuple[str, ...], *, required: b
 
 
 def _layer_types_from_config(cfg: Mapping[str, Any], n: int) -> list[str] | None:
+    """The config's ``layer_types`` (one attention kind per layer, ``n`` layers), or None if absent.
+
+    Raises:
+        PlanError: not a list of ``n`` known kinds.
+    """
     types = cfg.get("layer_types")
     if types is None:
         return None

@@ -7,8 +7,9 @@ share every check and every number.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .errors import PlanError
 from .hardware import QUANT_METHOD_FLAG, WEIGHT_FORMATS, fp8_kv_support, parse_compute_cap
@@ -31,9 +32,13 @@ DEFAULT_BATCHED_TOKENS = 8192
 # CUDA graphs are captured for batch sizes in multiples of 8 (vLLM
 # compilation config cudagraph_capture_sizes), so max-num-seqs is rounded to 8.
 SEQS_ROUNDING = 8
+# Upper bound of the planned --max-num-seqs: vLLM 0.32's own default on GPUs
+# with >= 70 GiB (engine/arg_utils.py, OpenAI server).
+MAX_NUM_SEQS = 1024
 # Queue cap: admit at most this many waiting requests per running slot before
 # vLLM answers 503 (--max-num-queued-reqs), so a full server says so instead of
-# queueing without bound (seeds: "decide what happens when it is full").
+# queueing without bound. 4 is a judgement, not a vLLM default: a queued request
+# waits behind at most about four requests per slot.
 QUEUE_PER_SEQ = 4
 
 
@@ -57,6 +62,7 @@ class Workload:
 
 
 def _req(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+    """``mapping[key]``; PlanError naming ``where.key`` if it is missing or null."""
     if not isinstance(mapping, Mapping):
         raise PlanError(where, mapping, "must be a mapping (dict)")
     if key not in mapping or mapping[key] is None:
@@ -65,12 +71,14 @@ def _req(mapping: Mapping[str, Any], key: str, where: str) -> Any:
 
 
 def _pos_int(value: Any, field: str, fix: str) -> int:
+    """``value`` if it is an int >= 1 (not a bool); else PlanError(field, value, fix)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise PlanError(field, value, fix)
     return value
 
 
 def _pos_float(value: Any, field: str, fix: str) -> float:
+    """``value`` as a float if it is a number > 0 (not a bool); else PlanError(field, value, fix)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise PlanError(field, value, fix)
     return float(value)
@@ -101,7 +109,16 @@ def parse_workload(workload: Mapping[str, Any]) -> Workload:
 
 
 def _weights_total(model: Mapping[str, Any], spec: ModelSpec, fmt: str) -> tuple[int, str]:
-    """Total weight bytes and where the number came from."""
+    """All weights of the model in bytes, and where the number came from.
+
+    ``weight_bytes`` as given (the safetensors index's metadata.total_size), else ``params`` x
+    the format's bits per weight / 8, else the parameters estimated from the config.
+
+    Returns:
+        (bytes, source): source is "given", "params x bits" or "estimated".
+    Raises:
+        PlanError: weight_bytes or params not a whole number >= 1.
+    """
     if model.get("weight_bytes") is not None:
         return _pos_int(model["weight_bytes"], "vllm_model.weight_bytes",
                         "give the safetensors index metadata.total_size in bytes, > 0"), "given"
@@ -125,6 +142,12 @@ def _max_batched_tokens(tpot_seconds: float, seqs: int) -> int:
     time-per-output-token low at the cost of time-to-first-token (vLLM docs,
     "Optimization and tuning: chunked prefill"): targets below 50 ms halve it,
     below 25 ms quarter it; never below max-num-seqs.
+
+    Args:
+        tpot_seconds: the workload's time-per-output-token target, s.
+        seqs: the concurrent sequences asked for.
+    Returns:
+        tokens per engine step.
     """
     base = DEFAULT_BATCHED_TOKENS
     if tpot_seconds < 0.025:
@@ -240,7 +263,7 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     weights_total, weights_source = _weights_total(model, spec, fmt)
     measured = Measured(**{k: v for k, v in dict(engine.get("measured") or {}).items()
                            if k in Measured.__dataclass_fields__})
-    seqs_cap_guess = min(1024, max(SEQS_ROUNDING, cdiv(seqs_wanted, SEQS_ROUNDING) * SEQS_ROUNDING))
+    seqs_cap_guess = min(MAX_NUM_SEQS, max(SEQS_ROUNDING, cdiv(seqs_wanted, SEQS_ROUNDING) * SEQS_ROUNDING))
     budget = estimate_budget(spec, memory_total_mib=total_mib, gpu_memory_utilization=float(util),
                              weights_bytes_total=weights_total, weights_source=weights_source,
                              tensor_parallel_size=tp, max_num_batched_tokens=batched,
@@ -323,8 +346,10 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
 
 
 def _verdict(fits: bool, w: Workload, conc_avg: int, conc_max: int, max_len: int, budget: Budget) -> str:
+    """One sentence: fits or not, with the sequences that fit at the average and maximum context."""
     if budget.kv_budget_bytes <= 0:
-        return (f"does not fit: the weights and overheads take {budget.requested_bytes / GIB - budget.kv_budget_bytes / GIB:.1f} "
+        taken = (budget.requested_bytes - budget.kv_budget_bytes) / GIB
+        return (f"does not fit: the weights and overheads take {taken:.1f} "
                 f"GiB of the {budget.requested_bytes / GIB:.1f} GiB vLLM may use; nothing is left for the KV cache")
     if fits:
         return (f"fits: {conc_avg} sequences at {w.avg_context_tokens:,} tokens "
@@ -337,7 +362,18 @@ def _verdict(fits: bool, w: Workload, conc_avg: int, conc_max: int, max_len: int
 
 def _levers(spec: ModelSpec, w: Workload, layout: KVLayout, budget: Budget, fmt: str, kv_bytes: int,
             kv_support: str, tp: int, num_blocks: int, in_flight: int, max_len: int) -> list[str]:
-    """What would make it fit, each with its number (like the seeds' bullets)."""
+    """What would make a plan that does not fit fit, one sentence each with its number.
+
+    Args:
+        spec, w, layout, budget: the model, the workload, its KV layout and the memory budget.
+        fmt: the weight format; kv_bytes: bytes per KV element; kv_support: fp8 KV support of the GPU.
+        tp: tensor-parallel size; num_blocks: KV blocks in the pool; in_flight: tokens in flight.
+        max_len: --max-model-len, tokens.
+    Returns:
+        levers, most effective first: a shorter average context (tokens), fewer sequences, a lower
+        --max-model-len, fp8 KV (bytes per token), 4-bit weights (GiB freed; 4.25 bits per weight
+        with scales, the MXFP4 rate in hardware.WEIGHT_FORMATS), a second GPU.
+    """
     out: list[str] = []
     if num_blocks:
         # Longest average context that serves the requested sequences.

@@ -1,14 +1,15 @@
-"""The seeds' arithmetic table, for people: what fills the card and what is left."""
+"""The plan as an arithmetic table for people: what fills the GPU and what is left for the KV cache."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 KIB = 1024
 
 
 def _size(n: float) -> str:
-    """Bytes as the largest whole binary unit that keeps 1-4 digits."""
+    """``n`` bytes as text in the largest binary unit it reaches (GiB, MiB, KiB, else B)."""
     for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
         if abs(n) >= scale:
             value = n / scale
@@ -17,7 +18,7 @@ def _size(n: float) -> str:
 
 
 def format_table(result: Mapping[str, Any]) -> str:
-    """Render a plan as the seeds' "Sizing for ten people" table.
+    """Render a plan as a table: each quantity, the arithmetic behind it, its value.
 
     Args:
         result: the dict :func:`teamserve_capacity.planner.plan` returns

@@ -32,8 +32,13 @@ from typing import Any
 
 from teamserve_capacity import GIB, parse_config, parse_startup_log
 from teamserve_capacity.kv import kv_layout
-from teamserve_capacity.memory import (SAMPLER_BYTES_PER_LOGIT, SORT_SAMPLER_BYTES_PER_LOGIT, cudagraph_bytes,
-                                       non_torch_bytes, profile_peak_bytes)
+from teamserve_capacity.memory import (
+    SAMPLER_BYTES_PER_LOGIT,
+    SORT_SAMPLER_BYTES_PER_LOGIT,
+    cudagraph_bytes,
+    non_torch_bytes,
+    profile_peak_bytes,
+)
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE.parents[1] / "tests/capacity/fixtures/configs"
@@ -71,10 +76,9 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         logged_tokens = log["gpu_blocks"] * case["block_size"]
     if "kv_cache_gib" in log and logged_tokens:
         blocks = int(log["kv_cache_gib"] * GIB) // layout.bytes_per_block
-        if case["era"] == "0.32":
-            tokens = layout.logged_kv_tokens(blocks, case["max_model_len"], 0)
-        else:
-            tokens = blocks * layout.block_size
+        # 0.32 logs int(blocks / blocks of a max-length request x max_model_len); older eras blocks x block size.
+        tokens = (layout.logged_kv_tokens(blocks, case["max_model_len"], 0) if case["era"] == "0.32"
+                  else blocks * layout.block_size)
         out.update(logged_kv_tokens=logged_tokens, planner_kv_tokens=tokens,
                    tokens_error_pct=round(100 * (tokens - logged_tokens) / logged_tokens, 3))
         if tp > 1:

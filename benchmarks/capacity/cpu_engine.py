@@ -22,10 +22,13 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from teamserve_capacity import GIB, parse_config, parse_startup_log
 from teamserve_capacity.kv import kv_layout
 
-TINY = Path(__file__).resolve().parents[2] / "tests/capacity/fixtures/configs/teamserve-testbed--tiny-llama.json"
+# The tiny Llama's config.json as the testbed inventory gives it to the planner.
+TESTBED_VARS = Path(__file__).resolve().parents[2] / "inventories/testbed/group_vars/teamserve/main.yml"
 DTYPE_BYTES = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2}
 
 
@@ -65,20 +68,25 @@ def main() -> int:
     parser.add_argument("--model-dir", help="host directory of another model to serve (config.json inside)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     args = parser.parse_args()
-    config_path = Path(args.model_dir) / "config.json" if args.model_dir else TINY
-    spec = parse_config(json.loads(config_path.read_text()))
+    if args.model_dir:
+        config = json.loads((Path(args.model_dir) / "config.json").read_text())
+    else:
+        config = yaml.safe_load(TESTBED_VARS.read_text())["vllm_model"]["config"]
+    spec = parse_config(config)
     rows = []
     for kv_dtype in args.dtypes.split(","):
         log = run_engine(args.image, args.kv_space_gib, kv_dtype, args.max_model_len, args.timeout,
                          args.model_dir, args.max_num_batched_tokens)
         parsed = parse_startup_log(log)
         if "kv_tokens" not in parsed:
-            print(f"{kv_dtype}: no 'KV cache size' line; last log lines:\n" + "\n".join(log.splitlines()[-15:]))
+            last = "\n".join(log.splitlines()[-15:])
+            print(f"{kv_dtype}: no 'KV cache size' line; last log lines:\n{last}")
             return 1
         model_dtype = re.search(r"dtype=(torch\.\w+)", log)
         # The CPU backend picks its own block size (128); vLLM logs it as "kv lcm block sizes".
         block = re.search(r"kv lcm block sizes (\d+)", log) or re.search(r"block_size=(\d+)", log)
-        elem = 1 if kv_dtype.startswith("fp8") else DTYPE_BYTES[model_dtype.group(1) if model_dtype else "torch.float32"]
+        model_dtype_name = model_dtype.group(1) if model_dtype else "torch.float32"
+        elem = 1 if kv_dtype.startswith("fp8") else DTYPE_BYTES[model_dtype_name]
         block_size = int(block.group(1)) if block else 16
         layout = kv_layout(spec, tensor_parallel_size=1, kv_dtype_bytes=elem, block_size=block_size,
                            state_dtype_bytes=2, prefix_caching=True)
@@ -91,8 +99,8 @@ def main() -> int:
                      parsed["kv_tokens"], tokens))
     print(f"{'kv dtype':<9} {'model dtype':<15} {'block':>5} {'B/elem':>6} {'vLLM tokens':>12} "
           f"{'planner':>12} {'err %':>7}")
-    for kv_dtype, mdt, block, elem, logged, planned in rows:
-        print(f"{kv_dtype:<9} {mdt:<15} {block:>5} {elem:>6} {logged:>12,} {planned:>12,} "
+    for kv_dtype, mdt, block_tokens, elem, logged, planned in rows:
+        print(f"{kv_dtype:<9} {mdt:<15} {block_tokens:>5} {elem:>6} {logged:>12,} {planned:>12,} "
               f"{100 * (planned - logged) / logged:>7.3f}")
     return 0
 

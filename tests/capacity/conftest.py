@@ -1,39 +1,56 @@
-"""Shared fixtures for the capacity planner tests."""
+"""Shared inputs of the capacity planner tests, read from where the deployment reads them.
+
+* published ``config.json`` files: ``fixtures/configs/`` (the example inventory's profiles read theirs
+  from there too);
+* the GPU and the engine settings: the vllm role's defaults (``vllm_gpu_expected``, ``vllm_engine``);
+* the testbed's tiny Llama and its workload: the testbed inventory (what molecule deploys; the model
+  itself is written by tests/testbed/engine/make_tiny_model.py).
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
 CONFIGS = FIXTURES / "configs"
 
-# The testbed's tiny Llama and the GPU the stand-in nvidia-smi reports
-# (docs/contracts.md; brief for issue 3).
-TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-              "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 2048,
-              "vocab_size": 4096, "torch_dtype": "bfloat16"}
-RTX_PRO_6000 = {"index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
-                "memory_total_mib": 97887, "compute_cap": "12.0", "driver_version": "580.95.05"}
-ENGINE = {"gpu_memory_utilization": 0.9, "kv_cache_dtype": "auto", "tensor_parallel_size": 1,
-          "block_size": 16, "vllm_version": "0.32.0"}
+_ROLE_DEFAULTS = yaml.safe_load((REPO / "roles/vllm/defaults/main.yml").read_text())
+_TESTBED = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())
+
+# The one GPU the role plans for before nvidia-smi has reported (RTX PRO 6000 Blackwell, 97,887 MiB).
+RTX_PRO_6000: dict[str, Any] = dict(_ROLE_DEFAULTS["vllm_gpu_expected"][0])
+# The role's engine defaults, with the vLLM release they template in.
+ENGINE: dict[str, Any] = dict(_ROLE_DEFAULTS["vllm_engine"], vllm_version=_ROLE_DEFAULTS["vllm_version"])
 
 
 def load_config(name: str) -> dict[str, Any]:
-    """A fixture config.json by file stem."""
-    return json.loads((CONFIGS / f"{name}.json").read_text())
+    """A published config.json from ``fixtures/configs/``, by file stem (``<org>--<repo>``)."""
+    config: dict[str, Any] = json.loads((CONFIGS / f"{name}.json").read_text())
+    return config
+
+
+def tiny_llama_config() -> dict[str, Any]:
+    """The testbed tiny Llama's config, as the testbed inventory gives it to the planner."""
+    config: dict[str, Any] = copy.deepcopy(_TESTBED["vllm_model"]["config"])
+    return config
 
 
 @pytest.fixture
 def tiny_model() -> dict[str, Any]:
-    return {"name": "tiny", "served_model_name": "tiny", "config": dict(TINY_LLAMA), "weight_format": "bf16"}
+    """The testbed inventory's ``vllm_model`` (a fresh copy per test)."""
+    model: dict[str, Any] = copy.deepcopy(_TESTBED["vllm_model"])
+    return model
 
 
 @pytest.fixture
 def workload() -> dict[str, Any]:
-    return {"concurrent_sequences": 8, "avg_context_tokens": 1000, "max_context_tokens": 2048,
-            "ttft_p95_seconds": 1.0, "tpot_seconds": 0.05}
+    """The testbed inventory's ``vllm_workload`` (8 sequences of 1,000 tokens, 2,048 maximum)."""
+    wl: dict[str, Any] = copy.deepcopy(_TESTBED["vllm_workload"])
+    return wl

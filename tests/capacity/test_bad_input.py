@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from teamserve_capacity import PlanError, plan
 
-from .conftest import ENGINE, RTX_PRO_6000, TINY_LLAMA
+from .conftest import ENGINE, RTX_PRO_6000, tiny_llama_config
 
 WORKLOAD = {"concurrent_sequences": 8, "avg_context_tokens": 1000, "max_context_tokens": 2048}
 
 
 def _model(**config_changes):
-    cfg = copy.deepcopy(TINY_LLAMA)
+    cfg = tiny_llama_config()
     for key, value in config_changes.items():
         if value is ...:
             cfg.pop(key)

@@ -73,8 +73,6 @@ def test_v1_debug_profile_lines() -> None:
     assert parsed["requested_gib"] == 69.86 and parsed["weights_gib"] == 55.13
     assert parsed["activation_gib"] == 5.62 and parsed["non_torch_gib"] == 2.04
     assert parsed["kv_cache_gib"] == 7.07
-    # requested - weights - peak - non-torch is what vLLM logged
-    assert abs(69.86 - 55.13 - 5.62 - 2.04 - parsed["kv_cache_gib"]) < 0.011
 
 
 def test_v032_summary_line_feeds_the_budget() -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 
 from teamserve_capacity import GIB
-from teamserve_capacity.memory import (NON_TORCH_BYTES_PER_EXTRA_RANK, SAMPLER_BYTES_PER_LOGIT,
-                                       SORT_SAMPLER_BYTES_PER_LOGIT, activation_bytes_per_token,
-                                       estimate_budget, non_torch_bytes, profile_peak_bytes,
-                                       sampler_peak_bytes)
+from teamserve_capacity.memory import (
+    SORT_SAMPLER_BYTES_PER_LOGIT,
+    activation_bytes_per_token,
+    estimate_budget,
+    profile_peak_bytes,
+    sampler_peak_bytes,
+)
 from teamserve_capacity.model import parse_config
 
 from .conftest import load_config
@@ -57,10 +60,6 @@ def test_compiled_forward_is_smaller_than_eager() -> None:
     assert activation_bytes_per_token(spec, 1, 2, eager=True) == (3 * 4096 + 3 * 14336) * 2
 
 
-def test_pinned_sampler_holds_fewer_bytes_than_the_sort_path() -> None:
-    assert SAMPLER_BYTES_PER_LOGIT < SORT_SAMPLER_BYTES_PER_LOGIT
-
-
 def test_more_planned_sequences_never_leave_more_kv_budget() -> None:
     """The sampler's dummy run grows with --max-num-seqs, so the budget shrinks (or stays)."""
     spec = _spec("Qwen--Qwen3-32B")
@@ -70,7 +69,3 @@ def test_more_planned_sequences_never_leave_more_kv_budget() -> None:
                for seqs in (8, 64, 256, 1024)]
     assert budgets == sorted(budgets, reverse=True) and budgets[0] > budgets[-1]
 
-
-def test_tensor_parallel_adds_non_torch_per_rank() -> None:
-    assert non_torch_bytes(2) - non_torch_bytes(1) == NON_TORCH_BYTES_PER_EXTRA_RANK
-    assert non_torch_bytes(4) - non_torch_bytes(2) == 2 * NON_TORCH_BYTES_PER_EXTRA_RANK

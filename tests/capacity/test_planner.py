@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from teamserve_capacity import plan
+from teamserve_capacity.kv import kv_layout
 from teamserve_capacity.model import CHUNKED, FULL, LINEAR, SLIDING, parse_config
 
-from .conftest import CONFIGS, ENGINE, RTX_PRO_6000, load_config
+from .conftest import CONFIGS, ENGINE, RTX_PRO_6000, load_config, tiny_llama_config
 
 ALL_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.json"))
 
@@ -79,6 +80,20 @@ def test_gqa_kv_heads_split_over_tensor_parallel() -> None:
     assert one["numbers"]["kv_bytes_per_token"] == 80 * 8 * 128 * 2 * 2
     assert two["numbers"]["kv_bytes_per_token"] == one["numbers"]["kv_bytes_per_token"] // 2
     assert one["fits"] is False and two["fits"] is True
+
+
+def test_budget_parts_add_up_and_tensor_parallel_splits_them() -> None:
+    """The table's deductions sum to the KV budget; TP=2 halves the weights, adds NCCL's non-torch."""
+    model = {"name": "l", "config": load_config("meta-llama--Llama-3.3-70B-Instruct"), "weight_format": "fp8"}
+    wl = {"concurrent_sequences": 4, "avg_context_tokens": 4000, "max_context_tokens": 8192}
+    gpus = [dict(RTX_PRO_6000, index=i) for i in range(2)]
+    one, two = (plan(model, wl, gpus, dict(ENGINE, tensor_parallel_size=tp))["numbers"] for tp in (1, 2))
+    for n in (one, two):
+        parts = n["weights_gib"] + n["non_torch_gib"] + n["activation_peak_gib"] + n["cudagraph_gib"]
+        assert abs(n["requested_gib"] - parts - n["kv_budget_gib"]) < 0.03  # four values rounded to 0.01
+    assert abs(two["weights_gib"] - one["weights_gib"] / 2) < 0.01
+    # +0.42 GiB per extra rank: llm-d's H100 logs, Llama-3.3-70B-FP8 at TP=1 and TP=2
+    assert round(two["non_torch_gib"] - one["non_torch_gib"], 2) == 0.42
 
 
 def test_gemma3_hybrid_groups_like_vllm() -> None:
@@ -186,15 +201,15 @@ def test_inputs_are_not_mutated(tiny_model, workload) -> None:
 # benchmarks/capacity/cpu_engine.py): VLLM_CPU_KVCACHE_SPACE=1, --max-model-len 2048,
 # --max-num-batched-tokens 512, block size 128 chosen by the CPU backend, one batch in flight.
 @pytest.mark.parametrize(("name", "kv_bytes", "batched", "logged"), [
-    ("teamserve-testbed--tiny-llama", 2, 512, 1_048_576),
-    ("teamserve-testbed--tiny-llama", 1, 512, 2_097_152),
+    ("tiny-llama", 2, 512, 1_048_576),
+    ("tiny-llama", 1, 512, 2_097_152),
     ("teamserve-testbed--tiny-gemma3", 2, 512, 729_444),
     ("teamserve-testbed--tiny-gemma3", 1, 512, 1_458_888),
     ("teamserve-testbed--tiny-gemma3", 2, 2048, 332_222),
 ])
 def test_reproduces_vllm_cpu_kv_cache_size(name: str, kv_bytes: int, batched: int, logged: int) -> None:
-    from teamserve_capacity.kv import kv_layout
-    layout = kv_layout(parse_config(load_config(name)), tensor_parallel_size=1, kv_dtype_bytes=kv_bytes,
+    config = tiny_llama_config() if name == "tiny-llama" else load_config(name)
+    layout = kv_layout(parse_config(config), tensor_parallel_size=1, kv_dtype_bytes=kv_bytes,
                        block_size=128, state_dtype_bytes=2, prefix_caching=True)
     blocks = 1024 ** 3 // layout.bytes_per_block
     assert layout.logged_kv_tokens(blocks, 2048, batched) == logged

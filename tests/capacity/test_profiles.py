@@ -1,26 +1,62 @@
-"""The three 96 GB example profiles plan and fit on the RTX PRO 6000 Blackwell."""
+"""The three profiles the example inventory ships, planned through Ansible as the vllm role plans them.
+
+``plan_profiles.yml`` runs ansible-playbook against ``inventories/example`` (its group_vars, the
+config.json each profile reads with a lookup, the role's defaults and its filter plugin), so a profile
+that stops loading, stops fitting or drifts from README's "Capacity plans" table fails here.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-import yaml
 
-from teamserve_capacity import plan
+REPO = Path(__file__).resolve().parents[2]
 
-from .conftest import RTX_PRO_6000
-
-PROFILES = sorted((Path(__file__).parent / "fixtures/profiles").glob("*.yml"))
-
-
-@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
-def test_profile_fits_96gb(path: Path) -> None:
-    doc = yaml.safe_load(path.read_text())
-    result = plan(doc["vllm_model"], doc["vllm_workload"], [RTX_PRO_6000], doc["vllm_engine"])
-    assert result["fits"], result["table"]
-    assert result["flags"]["max-model-len"] <= doc["vllm_workload"]["max_context_tokens"]
+# README "Capacity plans": weights GiB, left for KV GiB, KV bytes per token, sequences at the average
+# context, sequences at the maximum context, the maximum context (--max-model-len).
+README_TABLE = {
+    "llama-3.1-8b-bf16": (14.96, 69.58, 128 * 1024, 71, 17, 32_768),
+    "qwen3-32b-fp8": (30.51, 53.46, 256 * 1024, 27, 6, 32_768),
+    "gpt-oss-120b-mxfp4": (64.38, 20.30, 72 * 1024, 18, 4, 131_072),
+}
 
 
-def test_three_profiles() -> None:
-    assert len(PROFILES) == 3
+@pytest.fixture(scope="module")
+def plans() -> dict[str, dict[str, Any]]:
+    """Each profile's plan, as the vllm role's filter returns it, by profile name."""
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json",
+               ANSIBLE_FILTER_PLUGINS=str(REPO / "roles/vllm/filter_plugins"))
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(REPO / "inventories/example"),
+         str(Path(__file__).parent / "plan_profiles.yml")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    task = json.loads(run.stdout)["plays"][0]["tasks"][-1]
+    results = next(iter(task["hosts"].values()))["results"]
+    return {r["msg"]["profile"]: r["msg"]["plan"] for r in results}
+
+
+def test_the_inventory_ships_the_readme_profiles(plans: dict[str, dict[str, Any]]) -> None:
+    assert sorted(plans) == sorted(README_TABLE)
+
+
+@pytest.mark.parametrize("profile", sorted(README_TABLE))
+def test_profile_plans_to_the_readme_numbers(plans: dict[str, dict[str, Any]], profile: str) -> None:
+    weights_gib, kv_gib, kv_token, seqs_avg, seqs_max, max_len = README_TABLE[profile]
+    result = plans[profile]
+    numbers = result["numbers"]
+    assert result["fits"] is True, result["table"]
+    assert numbers["requested_gib"] == 85.65  # 97,887 MiB x 0.90, README's "usable"
+    assert numbers["weights_gib"] == weights_gib
+    assert numbers["kv_budget_gib"] == kv_gib
+    assert numbers["kv_bytes_per_token"] == kv_token
+    assert numbers["max_concurrency_avg"] == seqs_avg
+    assert numbers["max_concurrency_max"] == seqs_max
+    assert result["flags"]["max-model-len"] == max_len

@@ -18,7 +18,6 @@ Exit status: 0 when nothing answered (the hole is closed), 1 when the target ans
 """
 import argparse
 import json
-import os
 import random
 import socket
 import struct
@@ -76,7 +75,8 @@ def main() -> int:
     ap.add_argument("--tries", type=int, default=3, help="SYNs to send before calling the port closed")
     a = ap.parse_args()
     try:
-        src_mac = open(f"/sys/class/net/{a.iface}/address", encoding="ascii").read().strip()
+        with open(f"/sys/class/net/{a.iface}/address", encoding="ascii") as fh:
+            src_mac = fh.read().strip()
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((a.via, 9))
             src_ip = s.getsockname()[0]
@@ -97,7 +97,7 @@ def main() -> int:
         while time.monotonic() < deadline and answer == "none":
             try:
                 frame = sock.recv(2048)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             ip = frame[14:]
             if len(ip) < 40 or ip[9] != 6:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 _PATH = Path(__file__).resolve().parents[2] / "roles/firewall/filter_plugins/firewall_net.py"
 _SPEC = importlib.util.spec_from_file_location("firewall_net", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
 net = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(net)
 

@@ -16,6 +16,7 @@ def load(name: str, relative_path: str) -> ModuleType:
     if not path.is_file():
         raise FileNotFoundError(path)
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

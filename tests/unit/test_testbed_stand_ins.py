@@ -13,12 +13,14 @@ import urllib.error
 import urllib.request
 
 import pytest
-from repo_modules import load
 import yaml
+from repo_modules import load
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TESTBED = REPO / "tests" / "testbed"
-REV = re.search(r"^HF_REVISION=([0-9a-f]{40})$", (TESTBED / "hf-hub.sh").read_text(), re.M).group(1)
+_REV = re.search(r"^HF_REVISION=([0-9a-f]{40})$", (TESTBED / "hf-hub.sh").read_text(), re.M)
+assert _REV is not None, "tests/testbed/hf-hub.sh sets no HF_REVISION"
+REV = _REV.group(1)
 TOKEN = "hf_" + "A" * 34
 
 hub_server = load("hub_server", "tests/testbed/hf-hub/hub_server.py")

@@ -6,8 +6,8 @@ import json
 import pathlib
 
 import pytest
-from repo_modules import load
 from ansible.errors import AnsibleFilterError
+from repo_modules import load
 
 ROLE = pathlib.Path(__file__).resolve().parents[2] / "roles" / "vllm"
 vllm_argv = load("vllm_argv", "roles/vllm/filter_plugins/vllm_argv.py")

@@ -11,6 +11,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ HUB_MODEL = dict(TINY, name="teamserve/tiny-llama", revision=REV)
 LOCAL_MODEL = {k: v for k, v in TINY.items() if k != "revision"} | {"name": "/opt/models/teamserve-tiny"}
 WORKLOAD = {"concurrent_sequences": 8, "avg_context_tokens": 1000, "max_context_tokens": 2048}
 
-CASES = {
+CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "ok_local": ({"vllm_model": LOCAL_MODEL}, None),
     "ok_hub_with_token": ({"vllm_model": HUB_MODEL, "vllm_hf_token": "hf_" + "x" * 34}, None),
     "ok_hub_cached_without_token": ({"vllm_model": HUB_MODEL, "cached": True}, None),

@@ -8,12 +8,8 @@ import json
 import pathlib
 
 import pytest
-from repo_modules import load
 from ansible.errors import AnsibleFilterError
-
-
-
-
+from repo_modules import load
 
 checks = load("vllm_checks", "roles/vllm/filter_plugins/vllm_checks.py")
 snapshot = load("vllm_hf_snapshot", "roles/vllm/library/vllm_hf_snapshot.py")

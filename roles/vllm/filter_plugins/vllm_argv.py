@@ -11,12 +11,13 @@ play before anything is deployed instead of crash-looping the engine.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 try:  # The pure functions below are unit-tested without Ansible's error type.
     from ansible.errors import AnsibleFilterError
 except ImportError:  # pragma: no cover
-    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
+    AnsibleFilterError = ValueError
 
 _FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 _IMAGE_REF = re.compile(

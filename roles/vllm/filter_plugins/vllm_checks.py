@@ -12,12 +12,13 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 try:  # The pure functions below are unit-tested without Ansible's error type.
     from ansible.errors import AnsibleFilterError
 except ImportError:  # pragma: no cover
-    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
+    AnsibleFilterError = ValueError
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # Hugging Face repo ids: OWNER/NAME, letters, digits, '-', '_', '.' (huggingface_hub validate_repo_id).

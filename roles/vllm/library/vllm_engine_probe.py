@@ -70,7 +70,8 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -85,7 +86,7 @@ except ImportError:  # pragma: no cover - reported through fail_json
 def parse_docker_time(value: str) -> float:
     """Convert Docker's RFC 3339 timestamp (nanosecond precision, ``Z``) to epoch seconds (float)."""
     head, _, frac = value.rstrip("Z").partition(".")
-    stamp = datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    stamp = datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
     return stamp + (float("0." + frac[:9]) if frac else 0.0)
 
 
@@ -223,7 +224,7 @@ def main() -> None:
         module.fail_json(msg=f"engine container '{params['container']}' does not exist")
     if module.check_mode and (params["restart"] or not state.get("Running")):
         module.exit_json(changed=params["restart"], skipped=True, msg="not measured in check mode")
-    result = dict(changed=False)
+    result: dict[str, Any] = {"changed": False}
     if params["restart"]:
         requested = time.time()
         client.restart(params["container"], timeout=params["stop_timeout"])

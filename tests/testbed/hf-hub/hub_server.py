@@ -103,7 +103,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- plumbing ------------------------------------------------------------------------------------
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        sys.stderr.write("hf-hub %s %s\n" % (self.address_string(), format % args))
+        sys.stderr.write(f"hf-hub {self.address_string()} {format % args}\n")
 
     def count(self, key: str) -> None:
         with self.lock:
@@ -174,9 +174,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.send(HTTPStatus.OK, json.dumps(entries).encode())
             else:
                 self.count("repo_info")
-                body = {"id": repo, "modelId": repo, "sha": commit, "private": True,
+                info = {"id": repo, "modelId": repo, "sha": commit, "private": True,
                         "siblings": [{"rfilename": p} for p in self.repo.files]}
-                self.send(HTTPStatus.OK, json.dumps(body).encode())
+                self.send(HTTPStatus.OK, json.dumps(info).encode())
         elif resolve and resolve.group(1) == repo:
             if not self.authorized():
                 return

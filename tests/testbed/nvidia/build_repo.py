@@ -76,7 +76,7 @@ def driver_packages(v: str) -> list[dict]:
          "Description": stand_in("nvidia-driver", "Meta-package for the user-space driver."), "files": {}},
         {"Package": "nvidia-kernel-open-dkms", "Depends": "dkms",
          "Description": stand_in("nvidia-kernel-open-dkms", "Ships no kernel module source; builds nothing."),
-         "files": {f"usr/share/doc/nvidia-kernel-open-dkms/TEST-STAND-IN": f"open kernel modules {u}\n"}},
+         "files": {"usr/share/doc/nvidia-kernel-open-dkms/TEST-STAND-IN": f"open kernel modules {u}\n"}},
         {"Package": "nvidia-smi", "Depends": f"libnvidia-ml1 (= {v})",
          "Description": stand_in("nvidia-smi", "Prints a 96 GB RTX PRO 6000 Blackwell; see the script."),
          "files": {"usr/bin/nvidia-smi": ("nvidia-smi", sub, 0o755)}},
