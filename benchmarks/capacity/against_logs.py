@@ -41,7 +41,7 @@ from teamserve_capacity.memory import (
 )
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = HERE.parents[1] / "tests/capacity/fixtures/configs"
+CONFIGS = HERE.parents[1] / "models/configs"
 
 # How each era's profiler sized the KV budget (see teamserve_capacity.memory):
 #   eager        the profile run executed the model uncompiled (V0);

@@ -1,6 +1,6 @@
 """Shared inputs of the capacity planner tests, read from where the deployment reads them.
 
-* published ``config.json`` files: ``fixtures/configs/`` (the example inventory's profiles read theirs
+* published ``config.json`` files: ``models/configs/`` (the example inventory's profiles read theirs
   from there too);
 * the GPU and the engine settings: the vllm role's defaults (``vllm_gpu_expected``, ``vllm_engine``);
 * the testbed's tiny Llama and its workload: the testbed inventory (what molecule deploys; the model
@@ -18,8 +18,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = Path(__file__).parent / "fixtures"
-CONFIGS = FIXTURES / "configs"
+CONFIGS = Path(__file__).parents[2] / "models" / "configs"
 
 _ROLE_DEFAULTS = yaml.safe_load((REPO / "roles/vllm/defaults/main.yml").read_text())
 _TESTBED = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())
@@ -31,7 +30,7 @@ ENGINE: dict[str, Any] = dict(_ROLE_DEFAULTS["vllm_engine"], vllm_version=_ROLE_
 
 
 def load_config(name: str) -> dict[str, Any]:
-    """A published config.json from ``fixtures/configs/``, by file stem (``<org>--<repo>``)."""
+    """A published config.json from ``models/configs/``, by file stem (``<org>--<repo>``)."""
     config: dict[str, Any] = json.loads((CONFIGS / f"{name}.json").read_text())
     return config
 
