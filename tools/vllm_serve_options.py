@@ -137,7 +137,7 @@ def build_parser(force_cpu: bool) -> tuple[argparse.ArgumentParser, str, str]:
     Raises ToolError when vLLM is missing or none of ``PARSER_FACTORIES`` exists.
     """
     try:
-        import vllm.platforms as platforms
+        from vllm import platforms
     except ImportError as exc:
         raise ToolError(f"cannot import vllm: {exc}") from exc
     if force_cpu:
@@ -173,7 +173,7 @@ def snapshot_here(source: str | None, force_cpu: bool) -> dict[str, Any]:
             "python": platform.python_version(),
             "image": None,
             "image_id": None,
-            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+            "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
             "tool": TOOL_PATH,
         },
         "vllm_version": metadata.version("vllm"),
