@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared helpers for the testbed harness. Sourced, not executed.
+# Shared functions of the testbed harness. Sourced, not executed.
 set -euo pipefail
 
 TESTBED_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
