@@ -59,10 +59,12 @@ import argparse
 import datetime
 import importlib
 import json
+import os
 import platform
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,8 @@ def build_parser(force_cpu: bool) -> tuple[argparse.ArgumentParser, str, str]:
     Output: (parser, dotted path of the factory used, platform name as recorded).
     Raises ToolError when vLLM is missing or none of ``PARSER_FACTORIES`` exists.
     """
+    # vLLM's own logging setup writes to stdout, where the JSON may go; the parse needs no log.
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     try:
         from vllm import platforms
     except ImportError as exc:
@@ -194,20 +198,22 @@ def snapshot_in_image(image: str, source: str | None, force_cpu: bool, gpus: boo
     if inspect.returncode != 0:
         raise ToolError(f"image {image} is not on this machine (docker pull it first): {inspect.stderr.strip()}")
     inner = "/tmp/vllm_serve_options.py"
-    cmd = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
-           "-v", f"{Path(__file__).resolve()}:{inner}:ro"]
-    if gpus:
-        cmd += ["--gpus", "all"]
-    cmd += [image, inner]
-    if source is not None:
-        cmd += ["--source", source]
-    if force_cpu:
-        cmd += ["--platform", "cpu"]
-    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        tail = "\n".join(run.stderr.strip().splitlines()[-20:])
-        raise ToolError(f"the option dump failed in {image} (exit {run.returncode}):\n{tail}")
-    snapshot: dict[str, Any] = json.loads(run.stdout)
+    with tempfile.TemporaryDirectory(prefix="vllm-serve-options.") as out_dir:
+        # The JSON comes back through a mounted directory, not stdout, which the engine may log to.
+        cmd = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
+               "-v", f"{Path(__file__).resolve()}:{inner}:ro", "-v", f"{out_dir}:/out"]
+        if gpus:
+            cmd += ["--gpus", "all"]
+        cmd += [image, inner, "--output", "/out/options.json"]
+        if source is not None:
+            cmd += ["--source", source]
+        if force_cpu:
+            cmd += ["--platform", "cpu"]
+        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if run.returncode != 0:
+            tail = "\n".join((run.stderr or run.stdout).strip().splitlines()[-20:])
+            raise ToolError(f"the option dump failed in {image} (exit {run.returncode}):\n{tail}")
+        snapshot: dict[str, Any] = json.loads((Path(out_dir) / "options.json").read_text())
     snapshot["generated_from"]["image"] = image
     snapshot["generated_from"]["image_id"] = inspect.stdout.strip()
     return snapshot

