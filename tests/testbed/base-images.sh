@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Debian systemd base images the testbed boxes boot from, once: debootstrap + docker import
-# (../shared/docs/testbed.md: bookworm ~50 s, trixie ~59 s). Rebuilt only when missing.
+# (docs/testbed.md: bookworm ~50 s, trixie ~59 s). Rebuilt only when missing.
 # Usage: base-images.sh [bookworm] [trixie]
 source "$(dirname "$0")/lib.sh"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers on this machine. These machines have the docker CLI but no engine,
 # and PID 1 is not systemd, so Debian's docker.io is installed and dockerd started in the background
-# (../shared/docs/testbed.md, "Docker Engine"). A running engine is left alone.
+# (docs/testbed.md, "The test machine, measured"). A running engine is left alone.
 source "$(dirname "$0")/lib.sh"
 
 if docker info >/dev/null 2>&1; then

@@ -13,8 +13,8 @@ HUB_IMAGE=teamserve-testbed/hf-hub:bookworm
 HUB_NAME=teamserve-hf-hub
 HUB_IP="${TESTBED_HF_HUB_IP:-10.231.0.4}"
 ENGINE_IMAGE="${ENGINE_IMAGE:-vllm/vllm-openai:v0.32.0}"
-# The repository and its one commit; inventories/testbed/group_vars/teamserve/main.yml pins the same
-# (vllm_model.name / vllm_model.revision; tests/unit/test_vllm_weights.py checks they agree).
+# The repository and its one commit; the testbed inventory pins the same (vllm_model.name in main.yml,
+# vllm_model_revision in lock.yml; tests/unit/test_testbed_stand_ins.py checks that they agree).
 HF_REPO=teamserve/tiny-llama
 HF_REVISION=ef486eba9ff0b47394b3d9daf8a30e736bf68ef8
 

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared helpers for the testbed harness. Sourced, not executed.
+# Shared functions of the testbed harness. Sourced, not executed.
 set -euo pipefail
 
 TESTBED_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -10,7 +10,7 @@ mkdir -p "$TESTBED_CACHE"
 
 log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
-# Serialise concurrent builders of the same artefact (make -j, helpers, CI).
+# Serialise concurrent builders of the same artefact (make -j, several checkouts, CI).
 with_lock() {
   local name=$1; shift
   exec {lockfd}>"$TESTBED_CACHE/$name.lock"

@@ -4,7 +4,7 @@ The official ``vllm/vllm-openai`` image's entrypoint is ``vllm serve`` (vLLM's d
 ``ENTRYPOINT ["vllm", "serve"]``), so the container command is ``[MODEL, --flag, value, ...]``: one argv
 token per element, never a shell string. Every flag is checked against a snapshot of the pinned vLLM
 version's own ``vllm serve`` parser (``roles/vllm/files/vllm-serve-options-<version>.json``, generated from
-the real package by ``tests/testbed/vllm-options.sh``), so a renamed, removed or misspelled flag fails the
+the real package by ``tools/vllm_serve_options.py``), so a renamed, removed or misspelled flag fails the
 play before anything is deployed instead of crash-looping the engine.
 """
 
@@ -31,14 +31,15 @@ def _options_index(snapshot: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
     Input: the parsed JSON snapshot, ``{"vllm_version": str, "options": [{"option": "--max-model-len",
     "dest": str, "takes_value": bool, "nargs": ..., "choices": [..] | null}, ...]}`` (one entry per option
-    string; aliases and ``--no-`` forms have entries of their own).
+    string; aliases and ``--no-`` forms have entries of their own); other keys (``generated_from``, the
+    build the list was read from) are not used here.
     Output: ``{"--max-model-len": {...}, "--no-enable-prefix-caching": {...}, ...}``.
     Raises AnsibleFilterError when the snapshot has no ``options`` list.
     """
     options = snapshot.get("options") if isinstance(snapshot, Mapping) else None
     if not isinstance(options, list) or not options:
         raise AnsibleFilterError(
-            "vllm_options_snapshot has no 'options' list; regenerate it with tests/testbed/vllm-options.sh"
+            "vllm_options_snapshot has no 'options' list; regenerate it with tools/vllm_serve_options.py"
         )
     index: dict[str, dict[str, Any]] = {}
     for option in options:

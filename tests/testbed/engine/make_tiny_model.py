@@ -11,7 +11,7 @@ Output: OUTPUT_DIR with config.json, generation_config.json, model.safetensors, 
         tokenizer_config.json, chat_template.jinja (file names as written by transformers' save_pretrained).
 Errors: SystemExit with a message when the argument is missing; exceptions from transformers/tokenizers.
 
-Shape constraints (shared/docs/testbed.md, "A real vLLM engine without a GPU"): the CPU attention backend
+Shape constraints (docs/testbed.md, "vLLM's CPU build"): the CPU attention backend
 accepts head_dim 32, 64, 80, 96, 112, 128, ... but not 16, so head_dim is 64
 (hidden_size 256 = 4 heads x 64).
 """

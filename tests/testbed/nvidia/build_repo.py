@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the testbed's SIGNED apt repositories of NVIDIA stand-in packages.
 
-These machines cannot reach NVIDIA's repositories (docs/contracts.md, ../shared/docs/testbed.md),
+These machines cannot reach NVIDIA's repositories (docs/testbed.md),
 so the roles are tested against stand-in .debs that carry NVIDIA's real package names and the
 versions the roles pin, but contain only small scripts (./bin/) that say they are stand-ins.
 
