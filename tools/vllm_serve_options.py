@@ -244,10 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(argv)
     force_cpu = args.platform == "cpu"
     try:
-        if args.image:
-            snapshot = snapshot_in_image(args.image, args.source, force_cpu, args.gpus)
-        else:
-            snapshot = snapshot_here(args.source, force_cpu)
+        snapshot = (snapshot_in_image(args.image, args.source, force_cpu, args.gpus)
+                    if args.image else snapshot_here(args.source, force_cpu))
         text = json.dumps(snapshot, indent=1) + "\n"
         target = role_file(snapshot["vllm_version"]) if args.write else args.output
         if target is None:
