@@ -52,12 +52,15 @@ def caddy_global_inflight(max_num_seqs: Any, max_num_queued_reqs: Any) -> int:
     Raises ValueError if max_num_seqs < 1 or max_num_queued_reqs < 0.
     """
     seqs = _positive_int(max_num_seqs, "caddy_engine_max_num_seqs")
+    problem = (f"caddy_engine_max_num_queued_reqs={max_num_queued_reqs!r} is not a whole number >= 0; it comes "
+               "from the capacity plan (vllm_plan.flags['max-num-queued-reqs']); for an engine teamserve does "
+               "not plan, set it to the engine's --max-num-queued-reqs")
     try:
         queued = int(max_num_queued_reqs)
     except (TypeError, ValueError):
-        raise ValueError(f"caddy_engine_max_num_queued_reqs={max_num_queued_reqs!r} must be a whole number >= 0") from None
+        raise ValueError(problem) from None
     if queued < 0 or isinstance(max_num_queued_reqs, bool):
-        raise ValueError(f"caddy_engine_max_num_queued_reqs={max_num_queued_reqs!r} must be a whole number >= 0")
+        raise ValueError(problem)
     return seqs + queued
 
 
