@@ -32,7 +32,8 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"  # KEEP_WORK=1 keeps the rendered files and logs
+  true
 }
 trap cleanup EXIT
 
@@ -55,23 +56,35 @@ hosts = {}
 for count, port in ((20, 18443), (200, 18444)):
     chosen = users[:count]
     (work / f"keys-{count}").write_text(",".join(keys[u["name"]] for u in chosen))
+    # bench_caddy: the role's inputs for this gateway (task vars in render.yml, above the role's defaults).
     hosts[f"gw{count}"] = {
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
         "vllm_plan": {"flags": {"max-num-seqs": 64, "max-num-queued-reqs": 64, "max-model-len": 8192}},
-        "caddy_users": chosen, "caddy_user_keys": {u["name"]: keys[u["name"]] for u in chosen},
-        "caddy_tls_mode": "off", "caddy_listen_port": port, "caddy_upstream": "127.0.0.1:18000",
-        "caddy_upstream_api_key": engine_key, "caddy_log_dir": str(work / f"log-{count}"),
-        "caddy_admin_socket": str(work / f"admin-{count}.sock"),
+        "bench_caddy": {
+            "caddy_users": chosen, "caddy_user_keys": {u["name"]: keys[u["name"]] for u in chosen},
+            "caddy_tls_mode": "off", "caddy_listen_port": port, "caddy_upstream": "127.0.0.1:18000",
+            "caddy_upstream_api_key": engine_key, "caddy_log_dir": str(work / f"log-{count}"),
+            "caddy_admin_socket": str(work / f"admin-{count}.sock"),
+        },
     }
 (work / "inventory.yml").write_text(json.dumps({"all": {"hosts": hosts}}))
 EOF
 cat > "$work/render.yml" <<EOF
 - hosts: all
   gather_facts: false
-  vars_files: ["$repo/roles/caddy/defaults/main.yml"]
+  vars_files: ["$repo/roles/caddy/defaults/main.yml", "$repo/roles/caddy/vars/main.yml"]
   tasks:
-    - ansible.builtin.file: {path: "{{ caddy_log_dir }}", state: directory, mode: "0700"}
+    - ansible.builtin.file: {path: "{{ bench_caddy.caddy_log_dir }}", state: directory, mode: "0700"}
     - ansible.builtin.template: {src: "$repo/roles/caddy/templates/Caddyfile.j2", dest: "$work/{{ inventory_hostname }}.Caddyfile", mode: "0600"}
+      vars:
+        caddy_users: "{{ bench_caddy.caddy_users }}"
+        caddy_user_keys: "{{ bench_caddy.caddy_user_keys }}"
+        caddy_tls_mode: "{{ bench_caddy.caddy_tls_mode }}"
+        caddy_listen_port: "{{ bench_caddy.caddy_listen_port }}"
+        caddy_upstream: "{{ bench_caddy.caddy_upstream }}"
+        caddy_upstream_api_key: "{{ bench_caddy.caddy_upstream_api_key }}"
+        caddy_log_dir: "{{ bench_caddy.caddy_log_dir }}"
+        caddy_admin_socket: "{{ bench_caddy.caddy_admin_socket }}"
 EOF
 ANSIBLE_FILTER_PLUGINS=$repo/roles/caddy/filter_plugins "$venv_bin/ansible-playbook" -i "$work/inventory.yml" \
   "$work/render.yml" > "$work/render.log" 2>&1 || { tail -30 "$work/render.log" >&2; die "rendering failed"; }
