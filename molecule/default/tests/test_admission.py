@@ -3,7 +3,7 @@ gets the concurrency 429 beyond their in-flight cap, and two other users streami
 never refused. The others' TTFT p95 with and without the flood, from the same run, is printed (not
 asserted: the 2 shared cores make the times vary too much to bound).
 
-The flooder is alice; the others are bob and dana, a user issued here with playbooks/users.yml (carol's
+The flooder is bob (the default per-user cap); the others are alice and dana, a user issued here with playbooks/users.yml (carol's
 small rate limit is exhausted by the verify checks just before these tests) and revoked at the end, which
 puts the converged Caddyfile back byte for byte. Traffic goes only to the testbed box; every loop is
 bounded in count and time.
@@ -103,10 +103,11 @@ def dana(testbed_vars, gateway_verify, tmp_path):
 
 def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys, gateway_verify, dana):
     seqs = engine_flag(host, "max-num-seqs")
-    cap = _limits_module().caddy_user_inflight_default(seqs)
+    bob = next(u for u in testbed_vars["caddy_users"] if u["name"] == "bob")
+    cap = bob.get("max_inflight") or _limits_module().caddy_user_inflight_default(seqs)
     flood = 10 * cap
     url = base_url(testbed_vars) + "/chat/completions"
-    others = {"bob": keys["bob"], "dana": dana}
+    others = {"alice": keys["alice"], "dana": dana}
     assert openai.OpenAI(base_url=base_url(testbed_vars), api_key=dana, max_retries=0,
                          http_client=httpx.Client(verify=gateway_verify)).models.list().data[0].id == "tiny"
 
@@ -136,7 +137,7 @@ def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys
         try:
             with httpx.Client(verify=gateway_verify, timeout=120) as client, \
                     client.stream("POST", url, json=body,
-                                  headers={"Authorization": f"Bearer {keys['alice']}"}) as response:
+                                  headers={"Authorization": f"Bearer {keys['bob']}"}) as response:
                 if response.status_code != 200:
                     response.read()
                     with lock:
@@ -175,4 +176,4 @@ def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys
         for name, values in results.items():
             assert all(isinstance(v, float) for v in values), f"{name} {phase}: {values}"  # never refused
             print(f"TTFT {name} {phase}: p95 {p95(values):.2f} s, median {statistics.median(values):.2f} s "
-                  f"over {len(values)} requests (alice holding {cap} of max-num-seqs {seqs} during the flood)")
+                  f"over {len(values)} requests (bob holding {cap} of max-num-seqs {seqs} during the flood)")

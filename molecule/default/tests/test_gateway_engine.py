@@ -79,7 +79,9 @@ def test_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
     tested in molecule/caddy). When the holders hang up, the engine stops their generations: it goes idle
     having produced far fewer tokens than were asked for."""
     cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
-    per_user = max(1, int(cmd[cmd.index("--max-num-seqs") + 1]) // 4)  # roles/caddy caddy_user_max_inflight
+    default = max(1, int(cmd[cmd.index("--max-num-seqs") + 1]) // 4)  # roles/caddy caddy_user_max_inflight
+    caps = {u["name"]: u.get("max_inflight", default) for u in testbed_vars["caddy_users"]}
+    per_user = min(caps["alice"], caps["bob"])
     cap = 2 * per_user
     url = base_url(testbed_vars) + "/chat/completions"
     opened = threading.Semaphore(0)
