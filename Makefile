@@ -37,7 +37,10 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff and mypy (config
 	ruff check .
 	mypy
 
-unit: venv ## Unit tests: the capacity planner and the roles' Python code
+go-test: ## go test -race of the gateway's in-flight cap module (roles/caddy/files/inflight)
+	cd roles/caddy/files/inflight && go test -race -count=1 ./...
+
+unit: venv go-test ## Unit tests: the capacity planner, the roles' Python code, the Go module
 	pytest -q tests/capacity tests/unit tests/gateway tests/firewall
 
 molecule: testbed ## Molecule scenarios (MOLECULE_SCENARIOS="default ...")
@@ -48,4 +51,4 @@ test: lint unit molecule ## Every test: lint, unit, then the molecule scenarios 
 clean: ## Destroy the testbed boxes (the caches stay)
 	for s in $(MOLECULE_SCENARIOS); do molecule destroy -s $$s || true; done
 
-.PHONY: help venv testbed demo lint unit molecule test clean
+.PHONY: help venv testbed demo lint go-test unit molecule test clean

@@ -64,8 +64,8 @@ trap cleanup EXIT
 
 "$repo/.venv/bin/ansible-vault" view --vault-password-file "$TESTBED_CACHE/vault-pass" "$group_vars/vault.yml" \
   > "$work/vault.yml"
-# Writes keys.json (LiteLLM's custom auth), engine.env, bench-keys (the users' keys, comma-separated),
-# inflight (caddy_max_inflight) and per-minute (the request budget per target). Limits: Caddy's
+# Writes keys.json (LiteLLM's custom auth), engine.env, bench-keys (the users' keys, comma-separated)
+# and per-minute (the request budget per target). Limits: Caddy's
 # events/window as requests per minute, LiteLLM's unit.
 BENCH_USERS=$BENCH_USERS "$project_python" - "$group_vars/main.yml" "$work" <<'EOF'
 import json, os, pathlib, re, sys
@@ -89,7 +89,6 @@ missing = [n for n in chosen if n not in keys]
 if missing:
     sys.exit(f"BENCH_USERS: {missing} have no key in the testbed vault")
 (work / "bench-keys").write_text(",".join(keys[n] for n in chosen))
-(work / "inflight").write_text(str(int(main.get("caddy_max_inflight", 0))))
 # Half the chosen users' joint budget: the run does not meet the limiter, and leaves the other half to
 # whoever else tests with these users on the shared box at the same time (seen: 53 requests a minute).
 rpm = {u["name"]: u["rpm"] for u in users}
@@ -97,13 +96,19 @@ rpm = {u["name"]: u["rpm"] for u in users}
 print(", ".join(f"{u['name']} {u['rpm']}/min" for u in users), file=sys.stderr)
 EOF
 rm -f "$work/vault.yml"
-inflight=$(cat "$work/inflight")
+# The gateway's in-flight cap is derived from the engine's plan (roles/caddy: max-num-seqs +
+# max-num-queued-reqs): read both from the running engine's command line.
+engine_flag() {
+  docker exec "$BOX" docker inspect -f '{{json .Config.Cmd}}' vllm \
+    | "$project_python" -c 'import json,sys; a=json.load(sys.stdin); print(a[a.index(sys.argv[1]) + 1])' "$1"
+}
+inflight=$(( $(engine_flag --max-num-seqs) + $(engine_flag --max-num-queued-reqs) ))
 
 # --- 3. LiteLLM: TLS like the gateway (a throw-away self-signed P-256 certificate for localhost) -------
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
   -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout "$work/litellm.key" -out "$work/litellm.crt" 2>/dev/null
 cp "$here/litellm_auth.py" "$work/"
-# global_max_parallel_requests = caddy_max_inflight: the same "server full" cap (LiteLLM answers 429 past it,
+# global_max_parallel_requests = the gateway's derived in-flight cap: the same "server full" cap (LiteLLM answers 429 past it,
 # Caddy 503). In 1.108.7 only the legacy limiter reads it: the default one (proxy/hooks/__init__.py maps
 # "parallel_request_limiter" to parallel_request_limiter_v3, which never looks at the setting) ignores it
 # silently; LEGACY_MULTI_INSTANCE_RATE_LIMITING=true selects the legacy one (parallel_request_limiter.py),

@@ -91,10 +91,37 @@ def test_effective_skips_users_without_key_and_sorts():
     users = [user("zed", key=KEY_B), user("alice", expires="1970-01-02"), user("dave")]
     eff = cu.caddy_users_effective(users, {"alice": KEY_A})
     assert [u["name"] for u in eff] == ["alice", "zed"]
-    assert eff[0] == {"name": "alice", "key": KEY_A, "events": 10, "window": "1m", "expires_epoch": 86400}
+    assert eff[0] == {"name": "alice", "key": KEY_A, "events": 10, "window": "1m", "rate_tier": "rate_10_per_1m",
+                      "max_inflight": 1, "expires_epoch": 86400}
     assert eff[1]["expires_epoch"] == 0
     assert cu.caddy_users_without_key(users, {"alice": KEY_A}) == ["dave"]
 
 
 def test_own_key_wins_over_vault_key():
     assert cu.caddy_users_effective([user("a", key=KEY_B)], {"a": KEY_A})[0]["key"] == KEY_B
+
+
+@pytest.mark.parametrize("first,second", [("alice-x", "alice_x"), ("a_b-c", "a-b_c")])
+def test_names_that_collide_in_identifiers(first, second):
+    [msg] = problems([user(first), user(second)])
+    assert f"name {second!r} collides with {first!r}" in msg and "caddy_users[1]" in msg and "rename" in msg
+
+
+def test_max_inflight_within_the_batch():
+    assert problems([user("a", max_inflight=1), user("b", max_inflight=8)], max_num_seqs=8) == []
+    [msg] = problems([user("a", max_inflight=9)], max_num_seqs=8)
+    assert "caddy_users[0] (name=a).max_inflight=9 is above the engine's max-num-seqs=8" in msg
+    assert "at most 8" in msg
+    for bad in (0, -1, "2", True, 1.5):
+        [msg] = problems([user("a", max_inflight=bad)], max_num_seqs=8)
+        assert f"max_inflight={bad!r} must be a whole number of requests >= 1" in msg
+
+
+def test_effective_caps_and_tiers():
+    users = [user("b", max_inflight=3), user("a"), {"name": "c", "rate_limit": {"events": 5, "window": "1h"}}]
+    eff = cu.caddy_users_effective(users, {"a": KEY_A, "b": KEY_B, "c": KEY_A[::-1]}, 2)
+    assert [(u["name"], u["max_inflight"], u["rate_tier"]) for u in eff] == [
+        ("a", 2, "rate_10_per_1m"), ("b", 3, "rate_10_per_1m"), ("c", 2, "rate_5_per_1h")]
+    # One zone per distinct limit, however many users share it.
+    assert cu.caddy_rate_tiers(eff) == [{"name": "rate_10_per_1m", "events": 10, "window": "1m"},
+                                        {"name": "rate_5_per_1h", "events": 5, "window": "1h"}]

@@ -23,6 +23,12 @@ CASES = {
         [{"name": "zoe", "key": KEY, "rate_limit": {"events": 5, "window": "3 fortnights"}}],
         "has an unknown limit unit"),
     "expiry in the past": ([{"name": "zoe", "key": KEY, "expires": "2020-01-01", **GOOD}], "is in the past"),
+    "names that collide in identifiers": (
+        [{"name": "zoe-x", "key": KEY, **GOOD}, {"name": "zoe_x", "key": KEY[::-1], **GOOD}],
+        "name 'zoe_x' collides with 'zoe-x'"),
+    "in-flight cap above max-num-seqs": (
+        [{"name": "zoe", "key": KEY, "max_inflight": 9, **GOOD}],
+        "max_inflight=9 is above the engine's max-num-seqs=8"),
 }
 WATCHED = "/etc/caddy/Caddyfile /etc/systemd/system/caddy.service /usr/local/bin/caddy"
 

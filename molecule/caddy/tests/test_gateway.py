@@ -114,21 +114,39 @@ def test_rate_limit_per_user(base_url, ca_file, keys):
             retry_after = int(err.response.headers["retry-after"])
             assert 1 <= retry_after <= 60
     assert statuses.count(200) <= 3 and statuses.count(429) >= 2  # 3 per minute, also across re-runs
-    # Another user is not affected by alice's exhaustion.
+    # Another user is not affected by alice's exhaustion: neither bob (another limit, another zone) nor
+    # grace, who has the same limit and so shares alice's zone, with a window of her own.
     assert client(base_url, ca_file, keys["bob"]).models.list().data[0].id == "fixture"
+    assert client(base_url, ca_file, keys["grace"]).models.list().data[0].id == "fixture"
     assert_openai_error(raw(base_url, ca_file, "/v1/models", keys["alice"]), 429, "rate_limit_exceeded")
 
 
-def test_server_full_gets_503_with_retry_after(base_url, ca_file, keys, gateway_vars):
-    cap = int(gateway_vars["caddy_max_inflight"])
+def test_caps_are_derived_from_the_plan(host, gateway_vars):
+    """The gateway's caps come from vllm_plan (the inventory types none of them)."""
+    flags = gateway_vars["vllm_plan"]["flags"]
+    caddyfile = host.file("/etc/caddy/Caddyfile").content_string
+    cap = flags["max-num-seqs"] + flags["max-num-queued-reqs"]
+    assert f"unhealthy_request_count {cap}\n" in caddyfile
+    assert f"max_size {flags['max-model-len'] * 32 + 1024 * 1024}\n" in caddyfile
+    # One rate-limit zone per distinct limit (alice and grace share one), not one per user.
+    assert caddyfile.count("zone rate_3_per_1m {") == 1 and caddyfile.count("zone rate_1000_per_1m {") == 1
+    assert caddyfile.count("\t\t\tzone ") == 2
 
-    def long_stream() -> int:
-        stream = client(base_url, ca_file, keys["bob"]).chat.completions.create(
+
+def test_server_full_gets_503_with_retry_after(base_url, ca_file, keys, gateway_vars):
+    flags = gateway_vars["vllm_plan"]["flags"]
+    cap = flags["max-num-seqs"] + flags["max-num-queued-reqs"]  # derived: the batch + the engine's queue
+    caps = {u["name"]: u["max_inflight"] for u in gateway_vars["caddy_users"] if "max_inflight" in u}
+    holders = ["bob"] * caps["bob"] + ["erin"] * caps["erin"]  # each user within their own cap
+    assert len(holders) == cap
+
+    def long_stream(name: str) -> int:
+        stream = client(base_url, ca_file, keys[name]).chat.completions.create(
             model="fixture", messages=[], stream=True, max_tokens=25)
         return sum(1 for _ in stream)
 
     with concurrent.futures.ThreadPoolExecutor(cap) as pool:
-        running = [pool.submit(long_stream) for _ in range(cap)]
+        running = [pool.submit(long_stream, name) for name in holders]
         time.sleep(1.5)
         response = httpx.post(f"{base_url}/chat/completions", verify=ca_file, timeout=10,
                               headers={"Authorization": f"Bearer {keys['dave']}"},
@@ -136,6 +154,73 @@ def test_server_full_gets_503_with_retry_after(base_url, ca_file, keys, gateway_
         assert_openai_error(response, 503, "server_full")
         assert response.headers["retry-after"] == str(gateway_vars["caddy_server_full_retry_after"])
         assert [f.result(timeout=30) for f in running] == [25] * cap  # every stream ran to the end
+
+
+def test_flood_from_one_user_is_capped_and_others_are_not_refused(base_url, ca_file, keys, gateway_vars):
+    """dave starts 10x his in-flight cap of long streams while bob and erin stream: dave gets the
+    concurrency 429 beyond his cap (derived: max(1, max-num-seqs // 4)); bob and erin are never refused."""
+    per_user = max(1, gateway_vars["vllm_plan"]["flags"]["max-num-seqs"] // 4)
+    flood = 10 * per_user
+    tokens = 40  # 8 s per stream at the double's 0.2 s per token: every flood request starts while the first run
+
+    def stream(name: str) -> tuple[str, int | str]:
+        try:
+            chunks = client(base_url, ca_file, keys[name]).chat.completions.create(
+                model="fixture", messages=[], stream=True, max_tokens=tokens)
+            return name, sum(1 for _ in chunks)
+        except openai.RateLimitError as err:
+            assert err.response.headers["retry-after"] == "1"
+            return name, str(err.code)
+
+    with concurrent.futures.ThreadPoolExecutor(flood + 4) as pool:
+        others = [pool.submit(stream, name) for name in ("bob", "erin", "bob", "erin")]
+        time.sleep(0.5)
+        flooder = []
+        for _ in range(flood):  # bounded: 10x the cap, no retries
+            flooder.append(pool.submit(stream, "dave"))
+            time.sleep(0.05)
+        dave = [f.result(timeout=60)[1] for f in flooder]
+        rest = [f.result(timeout=60) for f in others]
+    assert dave.count(tokens) == per_user, dave
+    assert dave.count("concurrency_limit_exceeded") == flood - per_user, dave
+    assert rest == [("bob", tokens), ("erin", tokens)] * 2, rest
+
+
+def test_concurrency_429_body(base_url, ca_file, keys, gateway_vars):
+    """The per-user cap's refusal is an OpenAI error with its own code and a Retry-After."""
+    per_user = max(1, gateway_vars["vllm_plan"]["flags"]["max-num-seqs"] // 4)
+    url = f"{base_url}/chat/completions"
+    body = {"model": "fixture", "messages": [], "stream": True, "max_tokens": 20}
+    headers = {"Authorization": f"Bearer {keys['dave']}"}
+    with httpx.Client(verify=ca_file, timeout=30) as http:
+        streams = [http.stream("POST", url, json=body, headers=headers) for _ in range(per_user)]
+        opened = [s.__enter__() for s in streams]
+        try:
+            assert [r.status_code for r in opened] == [200] * per_user
+            refused = httpx.post(url, verify=ca_file, timeout=10, headers=headers, json=body)
+            assert_openai_error(refused, 429, "concurrency_limit_exceeded")
+            assert refused.headers["retry-after"] == "1" and refused.json()["error"]["type"] == "requests"
+        finally:
+            for s in streams:
+                s.__exit__(None, None, None)  # hang up: the slots are released
+    for _ in range(20):  # the gateway notices the hang-ups within moments
+        ok = httpx.post(url, verify=ca_file, timeout=30, headers=headers,
+                        json={"model": "fixture", "messages": [], "max_tokens": 1})
+        if ok.status_code == 200:
+            break
+        time.sleep(0.25)
+    assert ok.status_code == 200
+
+
+def test_body_over_the_limit_gets_openai_413(base_url, ca_file, keys, gateway_vars):
+    limit = gateway_vars["vllm_plan"]["flags"]["max-model-len"] * 32 + 1024 * 1024
+    headers = {"Authorization": f"Bearer {keys['bob']}", "Content-Type": "application/json"}
+    over = b'{"model":"fixture","max_tokens":1,"messages":[{"role":"user","content":"' + b"a" * limit + b'"}]}'
+    response = httpx.post(f"{base_url}/chat/completions", verify=ca_file, timeout=30, headers=headers, content=over)
+    assert_openai_error(response, 413, "request_too_large")
+    under = b'{"model":"fixture","max_tokens":1,"messages":[{"role":"user","content":"' + b"a" * (limit // 2) + b'"}]}'
+    response = httpx.post(f"{base_url}/chat/completions", verify=ca_file, timeout=30, headers=headers, content=under)
+    assert response.status_code == 200
 
 
 def test_engine_queue_full_becomes_server_full_with_retry_after(base_url, ca_file, keys, gateway_vars):

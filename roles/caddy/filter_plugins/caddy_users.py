@@ -14,7 +14,8 @@ from typing import Any
 # The same set keeps a key safe inside a quoted Caddyfile token (no whitespace, quotes, braces or backslash,
 # so it can never be read as a placeholder or split into two tokens).
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
-# User names become caddy-ratelimit zone names and a log field: keep them to a safe, readable set.
+# User names become Caddyfile tokens, rate-limit and in-flight bucket keys and a log field: keep them
+# to a safe, readable set.
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 # Rate-limit windows are Caddy durations (caddy.ParseDuration: Go time.ParseDuration plus "d" for days,
 # https://caddyserver.com/docs/conventions#durations). Only whole numbers with these units are accepted.
@@ -56,14 +57,26 @@ def _user_key(user: dict, keys: dict) -> Any:
     return (keys or {}).get(user.get("name"))
 
 
+def caddy_user_identifier(name: str) -> str:
+    """The form of a user name in identifiers built from it (Ansible variable names, Caddy zone names,
+    Prometheus label values used as names), which allow [a-z0-9_] only.
+
+    '-' becomes '_' there, so ``alice-x`` and ``alice_x`` would share an identifier (and, before limits
+    were grouped by tier, a rate-limit zone); caddy_users_problems refuses such pairs. Input/output: str.
+    """
+    return name.replace("-", "_")
+
+
 def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, now_epoch: int | None = None,
-                         extra_keys: Any = None) -> list[str]:
+                         extra_keys: Any = None, max_num_seqs: Any = None) -> list[str]:
     """Check the gateway's user list; return one message per problem (empty list = all good).
 
-    Inputs: ``users`` = ``caddy_users`` (list of dicts: name, key?, rate_limit {events, window}, expires?);
-    ``keys`` = ``caddy_user_keys`` (dict name -> key, from the vault that playbooks/users.yml writes);
-    ``min_key_length`` in characters; ``now_epoch`` = current Unix time in seconds (default: the clock);
-    ``extra_keys`` = other secrets that must not double as a user key (the engine's own key).
+    Inputs: ``users`` = ``caddy_users`` (list of dicts: name, key?, rate_limit {events, window}, expires?,
+    max_inflight?); ``keys`` = ``caddy_user_keys`` (dict name -> key, from the vault that playbooks/users.yml
+    writes); ``min_key_length`` in characters; ``now_epoch`` = current Unix time in seconds (default: the
+    clock); ``extra_keys`` = other secrets that must not double as a user key (the engine's own key);
+    ``max_num_seqs`` = the engine's --max-num-seqs, the upper bound of a user's ``max_inflight``
+    (requests; None = no upper bound checked).
     Each message names the field, the bad value (never a key's text) and the fix. Raises nothing.
     """
     problems: list[str] = []
@@ -74,6 +87,7 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, now_ep
         problems.append(f"caddy_user_keys must be a mapping of user name to key, got {type(keys).__name__}")
         keys = {}
     seen_names: set[str] = set()
+    seen_identifiers: dict[str, str] = {}
     seen_keys: dict[str, str] = {}
     for secret in extra_keys or []:
         if secret:
@@ -91,10 +105,27 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, now_ep
             where = f"caddy_users[{index}] (name={name})"
             if name in seen_names:
                 problems.append(f"{where}: duplicate user name {name!r}; each user must appear once in caddy_users")
+            elif caddy_user_identifier(name) in seen_identifiers:
+                other = seen_identifiers[caddy_user_identifier(name)]
+                problems.append(f"{where}: name {name!r} collides with {other!r} (both are "
+                                f"{caddy_user_identifier(name)!r} in the gateway's identifiers, where - and _ are "
+                                "the same); rename one of them")
             seen_names.add(name)
-        unknown = sorted(set(user) - {"name", "key", "rate_limit", "expires"})
+            seen_identifiers.setdefault(caddy_user_identifier(name), name)
+        unknown = sorted(set(user) - {"name", "key", "rate_limit", "expires", "max_inflight"})
         if unknown:
-            problems.append(f"{where}: unknown field(s) {unknown}; allowed: name, key, rate_limit, expires")
+            problems.append(f"{where}: unknown field(s) {unknown}; allowed: name, key, rate_limit, expires, "
+                            "max_inflight")
+        if user.get("max_inflight") is not None:
+            cap = user["max_inflight"]
+            upper = int(max_num_seqs) if max_num_seqs not in (None, "") else None
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+                problems.append(f"{where}.max_inflight={cap!r} must be a whole number of requests >= 1; "
+                                "remove it to get the default share of the batch (caddy_user_max_inflight)")
+            elif upper is not None and cap > upper:
+                problems.append(f"{where}.max_inflight={cap} is above the engine's max-num-seqs={upper} (one "
+                                f"user would hold more than the whole batch); set it to at most {upper}, or remove "
+                                "it to get the default share (caddy_user_max_inflight)")
         key = _user_key(user, keys)
         if key is not None:
             if not isinstance(key, str):
@@ -139,13 +170,24 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, now_ep
     return problems
 
 
-def caddy_users_effective(users: list, keys: Any) -> list[dict]:
+def caddy_rate_tier(events: int, window: str) -> str:
+    """Name of the rate-limit zone shared by every user with ``events`` requests per ``window``.
+
+    Example: (60, "1m") -> "rate_60_per_1m". Users are grouped by limit so the gateway evaluates one
+    zone per distinct limit, not one per user.
+    """
+    return f"rate_{int(events)}_per_{window}"
+
+
+def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1) -> list[dict]:
     """Normalise the (already checked) user list for the Caddyfile template.
 
-    Inputs as for caddy_users_problems. Output: one dict per user that HAS a key (users without a key are
-    not issued or were revoked, and get no access): ``name``, ``key``, ``events`` (int), ``window``
-    (Caddy duration string) and ``expires_epoch`` (int Unix seconds, 0 = never), sorted by name so the
-    rendered file does not change when the inventory order does.
+    Inputs as for caddy_users_problems, plus ``default_max_inflight`` (requests; caddy_user_max_inflight)
+    for users without their own ``max_inflight``. Output: one dict per user that HAS a key (users
+    without a key are not issued or were revoked, and get no access): ``name``, ``key``, ``events`` (int),
+    ``window`` (Caddy duration string), ``rate_tier`` (zone name, caddy_rate_tier), ``max_inflight``
+    (int requests) and ``expires_epoch`` (int Unix seconds, 0 = never), sorted by name so the rendered
+    file does not change when the inventory order does.
     """
     result = []
     for user in users:
@@ -153,14 +195,29 @@ def caddy_users_effective(users: list, keys: Any) -> list[dict]:
         if key in (None, ""):
             continue
         expires = user.get("expires")
+        events, window = int(user["rate_limit"]["events"]), user["rate_limit"]["window"]
+        cap = user.get("max_inflight")
         result.append({
             "name": user["name"],
             "key": key,
-            "events": int(user["rate_limit"]["events"]),
-            "window": user["rate_limit"]["window"],
+            "events": events,
+            "window": window,
+            "rate_tier": caddy_rate_tier(events, window),
+            "max_inflight": int(cap if cap is not None else default_max_inflight),
             "expires_epoch": caddy_expiry_epoch(expires) if expires not in (None, "") else 0,
         })
     return sorted(result, key=lambda u: u["name"])
+
+
+def caddy_rate_tiers(effective_users: list[dict]) -> list[dict]:
+    """The distinct rate limits of ``effective_users`` (caddy_users_effective's output), one per zone.
+
+    Output: dicts ``name`` (zone), ``events`` (int requests), ``window`` (Caddy duration), sorted by
+    name. The number of zones is the number of distinct limits, whatever the number of users.
+    """
+    tiers = {u["rate_tier"]: {"name": u["rate_tier"], "events": u["events"], "window": u["window"]}
+             for u in effective_users}
+    return [tiers[name] for name in sorted(tiers)]
 
 
 def caddy_users_without_key(users: list, keys: Any) -> list[str]:
@@ -176,6 +233,7 @@ class FilterModule:
         return {
             "caddy_users_problems": caddy_users_problems,
             "caddy_users_effective": caddy_users_effective,
+            "caddy_rate_tiers": caddy_rate_tiers,
             "caddy_users_without_key": caddy_users_without_key,
             "caddy_expiry_epoch": caddy_expiry_epoch,
         }

@@ -1,0 +1,179 @@
+"""Per-user admission in front of the REAL vLLM CPU engine: one user flooding the gateway with long streams
+gets the concurrency 429 beyond their in-flight cap, and two other users streaming at the same time are
+never refused. The others' TTFT p95 with and without the flood, from the same run, is printed (not
+asserted: the 2 shared cores make the times vary too much to bound).
+
+The flooder is bob (the default per-user cap); the others are alice and dana, a user issued here with playbooks/users.yml (carol's
+small rate limit is exhausted by the verify checks just before these tests) and revoked at the end, which
+puts the converged Caddyfile back byte for byte. Traffic goes only to the testbed box; every loop is
+bounded in count and time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+
+import httpx2 as httpx  # the HTTP client openai 3.x is built on
+import openai
+import pytest
+import yaml
+
+from conftest import CACHE, REPO
+
+testinfra_hosts = ["ansible://teamserve-box"]
+
+BOX_LAN = "10.231.0.10"
+LONG = 1500  # tokens per flood stream: none finishes while the test runs (the model's context is 2,048)
+SHORT = 16  # tokens per measured request of the other users
+SAMPLES = 6  # measured requests per other user and phase
+
+
+def _limits_module():
+    """roles/caddy/filter_plugins/caddy_limits.py, the rule the role derives the per-user cap with."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("caddy_limits", REPO / "roles/caddy/filter_plugins/caddy_limits.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def base_url(testbed_vars: dict) -> str:
+    return f"{testbed_vars['teamserve_gateway_scheme']}://{BOX_LAN}:{testbed_vars['caddy_listen_port']}/v1"
+
+
+def engine_flag(host, flag: str) -> int:
+    """A flag of the running engine container's command line (the plan's value, as deployed)."""
+    cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
+    return int(cmd[cmd.index(f"--{flag}") + 1])
+
+
+def users_play(action: str, name: str, keys_file, users: list) -> None:
+    """Run playbooks/users.yml against the scenario's inventory with caddy_users = `users`."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_FORCE_COLOR="0")
+    extra = {"caddy_users_action": action, "caddy_users_name": name, "caddy_users_keys_file": str(keys_file),
+             "caddy_users": users}
+    run = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+         str(REPO / "playbooks" / "users.yml"), "-e", json.dumps(extra)],
+        env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def ttft(url: str, key: str, verify) -> float | str:
+    """Seconds from sending a short streamed chat request to its first content token, or the error code."""
+    body = {"model": "tiny", "stream": True, "max_tokens": SHORT, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Count."}]}
+    start = time.monotonic()
+    with httpx.Client(verify=verify, timeout=120) as client, \
+            client.stream("POST", url, json=body, headers={"Authorization": f"Bearer {key}"}) as response:
+        if response.status_code != 200:
+            response.read()
+            return f"{response.status_code} {response.json()['error']['code']}"
+        first = None
+        for line in response.iter_lines():
+            if first is None and line.startswith("data: {"):
+                choices = json.loads(line.removeprefix("data: ")).get("choices") or [{}]
+                if (choices[0].get("delta") or {}).get("content"):
+                    first = time.monotonic() - start
+        return first if first is not None else "no token"
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
+
+
+@pytest.fixture()
+def dana(testbed_vars, gateway_verify, tmp_path):
+    """A second other user with a generous rate limit, issued for this test and revoked after it."""
+    users = testbed_vars["caddy_users"] + [{"name": "dana", "rate_limit": {"events": 600, "window": "1m"}}]
+    keys_file = tmp_path / "caddy_keys.vault.yml"
+    users_play("issue", "dana", keys_file, users)
+    issued = yaml.safe_load(subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-vault"), "view", "--vault-password-file", str(CACHE / "vault-pass"),
+         str(keys_file)], check=True, capture_output=True, text=True).stdout)["caddy_user_keys"]
+    yield issued["dana"]
+    users_play("revoke", "dana", keys_file, users)
+
+
+def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys, gateway_verify, dana):
+    seqs = engine_flag(host, "max-num-seqs")
+    bob = next(u for u in testbed_vars["caddy_users"] if u["name"] == "bob")
+    cap = bob.get("max_inflight") or _limits_module().caddy_user_inflight_default(seqs)
+    flood = 10 * cap
+    url = base_url(testbed_vars) + "/chat/completions"
+    others = {"alice": keys["alice"], "dana": dana}
+    assert openai.OpenAI(base_url=base_url(testbed_vars), api_key=dana, max_retries=0,
+                         http_client=httpx.Client(verify=gateway_verify)).models.list().data[0].id == "tiny"
+
+    def measure() -> dict[str, list]:
+        results: dict[str, list] = {name: [] for name in others}
+
+        def run(name: str) -> None:
+            for _ in range(SAMPLES):  # bounded, sequential per user
+                results[name].append(ttft(url, others[name], gateway_verify))
+
+        threads = [threading.Thread(target=run, args=(name,)) for name in others]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=600)
+        return results
+
+    baseline = measure()
+
+    hang_up = threading.Event()
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def flood_stream() -> None:
+        body = {"model": "tiny", "stream": True, "max_tokens": LONG, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Count."}]}
+        try:
+            with httpx.Client(verify=gateway_verify, timeout=120) as client, \
+                    client.stream("POST", url, json=body,
+                                  headers={"Authorization": f"Bearer {keys['bob']}"}) as response:
+                if response.status_code != 200:
+                    response.read()
+                    with lock:
+                        outcomes.append(f"{response.status_code} {response.json()['error']['code']} "
+                                        f"retry-after={response.headers.get('retry-after')}")
+                    return
+                with lock:
+                    outcomes.append("200")
+                for _ in response.iter_lines():
+                    if hang_up.is_set():
+                        break  # leaving the with-blocks closes the connection: the slot is released
+        except httpx.HTTPError as err:
+            with lock:
+                outcomes.append(f"error {err!r}")
+
+    flooders = []
+    for _ in range(flood):  # bounded: 10x the cap, started one after another
+        thread = threading.Thread(target=flood_stream, daemon=True)
+        thread.start()
+        flooders.append(thread)
+        time.sleep(0.1)
+    try:
+        deadline = time.monotonic() + 120
+        while len(outcomes) < flood and time.monotonic() < deadline:
+            time.sleep(0.2)
+        during = measure()
+        refused = [o for o in outcomes if o != "200"]
+        assert outcomes.count("200") == cap, outcomes
+        assert refused == ["429 concurrency_limit_exceeded retry-after=1"] * (flood - cap), outcomes
+    finally:
+        hang_up.set()
+        for thread in flooders:
+            thread.join(timeout=60)
+
+    for phase, results in (("without the flood", baseline), ("during the flood", during)):
+        for name, values in results.items():
+            assert all(isinstance(v, float) for v in values), f"{name} {phase}: {values}"  # never refused
+            print(f"TTFT {name} {phase}: p95 {p95(values):.2f} s, median {statistics.median(values):.2f} s "
+                  f"over {len(values)} requests (bob holding {cap} of max-num-seqs {seqs} during the flood)")

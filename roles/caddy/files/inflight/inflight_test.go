@@ -1,0 +1,325 @@
+package inflight
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// provisioned returns a handler keyed by the {user} placeholder, provisioned in a fresh Caddy context.
+func provisioned(t *testing.T, limit string) *Handler {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	h := &Handler{Key: "{user}", Limit: limit}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = h.Cleanup()
+		cancel()
+	})
+	return h
+}
+
+// request builds a request carrying a replacer with user (and the per-user limit in {limit}).
+func request(ctx context.Context, user, limit string) *http.Request {
+	repl := caddy.NewReplacer()
+	repl.Set("user", user)
+	repl.Set("limit", limit)
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(ctx)
+	return r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+}
+
+// blockingNext holds every request until release is closed or the request's context ends, like a
+// proxied stream that lasts until the engine finishes or the client hangs up.
+type blockingNext struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func newBlockingNext() *blockingNext {
+	return &blockingNext{started: make(chan struct{}, 1024), release: make(chan struct{})}
+}
+
+func (b *blockingNext) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	b.started <- struct{}{}
+	w.WriteHeader(http.StatusOK)
+	select {
+	case <-b.release:
+	case <-r.Context().Done():
+	}
+	return nil
+}
+
+func TestCapEnforcedUnderConcurrency(t *testing.T) {
+	const limit, clients = 3, 40
+	h := provisioned(t, "3")
+	next := newBlockingNext()
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := httptest.NewRecorder()
+			if err := h.ServeHTTP(w, request(context.Background(), "alice", ""), next); err != nil {
+				t.Error(err)
+			}
+			switch w.Code {
+			case http.StatusOK:
+				ok.Add(1)
+			case http.StatusTooManyRequests:
+				refused.Add(1)
+			default:
+				t.Errorf("status %d", w.Code)
+			}
+		}()
+	}
+	// Exactly `limit` get through; everyone else is refused at once, without waiting for a slot.
+	for i := 0; i < limit; i++ {
+		<-next.started
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for refused.Load() < clients-limit && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n, _ := h.counters.inFlight("alice"); n != limit {
+		t.Fatalf("in flight %d, want %d", n, limit)
+	}
+	close(next.release)
+	wg.Wait()
+	if ok.Load() != limit || refused.Load() != clients-limit {
+		t.Fatalf("ok=%d refused=%d, want %d and %d", ok.Load(), refused.Load(), limit, clients-limit)
+	}
+	if n, keys := h.counters.inFlight("alice"); n != 0 || keys != 0 {
+		t.Fatalf("after completion: in flight %d, keys %d; want 0 and 0 (entry removed)", n, keys)
+	}
+}
+
+func TestSlotReleasedOnCompletionCancelAndPanic(t *testing.T) {
+	h := provisioned(t, "1")
+	done := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+	statusOf := func(ctx context.Context, next caddyhttp.Handler) int {
+		w := httptest.NewRecorder()
+		_ = h.ServeHTTP(w, request(ctx, "bob", ""), next)
+		return w.Code
+	}
+
+	// Completion.
+	if code := statusOf(context.Background(), done); code != http.StatusOK {
+		t.Fatalf("first request: %d", code)
+	}
+	if code := statusOf(context.Background(), done); code != http.StatusOK {
+		t.Fatalf("after completion the slot should be free, got %d", code)
+	}
+
+	// Client hang-up: the stream holds the slot until its context is cancelled.
+	next := newBlockingNext()
+	ctx, cancel := context.WithCancel(context.Background())
+	finished := make(chan int)
+	go func() { finished <- statusOf(ctx, next) }()
+	<-next.started
+	if code := statusOf(context.Background(), done); code != http.StatusTooManyRequests {
+		t.Fatalf("while a stream runs: %d, want 429", code)
+	}
+	cancel()
+	<-finished
+	if code := statusOf(context.Background(), done); code != http.StatusOK {
+		t.Fatalf("after the client hung up: %d, want 200", code)
+	}
+
+	// Panic in a later handler.
+	boom := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { panic("boom") })
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic should propagate")
+			}
+		}()
+		statusOf(context.Background(), boom)
+	}()
+	if n, keys := h.counters.inFlight("bob"); n != 0 || keys != 0 {
+		t.Fatalf("after a panic: in flight %d, keys %d", n, keys)
+	}
+
+	// An error from a later handler releases too.
+	fail := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return errors.New("upstream") })
+	if err := h.ServeHTTP(httptest.NewRecorder(), request(context.Background(), "bob", ""), fail); err == nil {
+		t.Fatal("the error should propagate")
+	}
+	if n, _ := h.counters.inFlight("bob"); n != 0 {
+		t.Fatalf("after an error: in flight %d", n)
+	}
+}
+
+func TestKeysAreIndependentAndLimitsPerKey(t *testing.T) {
+	h := provisioned(t, "{limit}")
+	next := newBlockingNext()
+	defer close(next.release)
+	status := func(user, limit string) int {
+		w := httptest.NewRecorder()
+		ch := make(chan struct{})
+		go func() { _ = h.ServeHTTP(w, request(context.Background(), user, limit), next); close(ch) }()
+		select {
+		case <-next.started:
+			return http.StatusOK // admitted and now held
+		case <-ch:
+			return w.Code
+		}
+	}
+	// alice may have 1, bob 2: alice's full bucket does not touch bob's.
+	if status("alice", "1") != http.StatusOK || status("alice", "1") != http.StatusTooManyRequests {
+		t.Fatal("alice: want one admitted, the second refused")
+	}
+	if status("bob", "2") != http.StatusOK || status("bob", "2") != http.StatusOK {
+		t.Fatal("bob: want two admitted while alice is full")
+	}
+	if status("bob", "2") != http.StatusTooManyRequests {
+		t.Fatal("bob: the third should be refused")
+	}
+	if _, keys := h.counters.inFlight("alice"); keys != 2 {
+		t.Fatalf("keys in flight %d, want 2", keys)
+	}
+}
+
+func TestRefusalBodyAndHeaders(t *testing.T) {
+	h := provisioned(t, "1")
+	h.RetryAfter = 3
+	next := newBlockingNext()
+	defer close(next.release)
+	go func() { _ = h.ServeHTTP(httptest.NewRecorder(), request(context.Background(), "carol", ""), next) }()
+	<-next.started
+	w := httptest.NewRecorder()
+	if err := h.ServeHTTP(w, request(context.Background(), "carol", ""), next); err != nil {
+		t.Fatal(err)
+	}
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("status %d", w.Code)
+	}
+	if got := w.Header().Get("Retry-After"); got != "3" {
+		t.Fatalf("Retry-After %q", got)
+	}
+	if got := w.Header().Get("Content-Type"); got != "application/json" {
+		t.Fatalf("Content-Type %q", got)
+	}
+	var body map[string]map[string]any
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %q: %v", w.Body.String(), err)
+	}
+	e := body["error"]
+	if e["code"] != "concurrency_limit_exceeded" || e["type"] != "requests" || e["param"] != nil {
+		t.Fatalf("error %v", e)
+	}
+	if _, present := e["param"]; !present || !strings.Contains(e["message"].(string), "limit 1") {
+		t.Fatalf("error %v", e)
+	}
+}
+
+func TestUnusableLimitFailsClosed(t *testing.T) {
+	h := provisioned(t, "{limit}")
+	called := false
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { called = true; return nil })
+	for _, limit := range []string{"", "zero", "0", "-2"} {
+		err := h.ServeHTTP(httptest.NewRecorder(), request(context.Background(), "dave", limit), next)
+		var he caddyhttp.HandlerError
+		if !errors.As(err, &he) || he.StatusCode != http.StatusInternalServerError {
+			t.Fatalf("limit %q: want a 500 handler error, got %v", limit, err)
+		}
+	}
+	if called {
+		t.Fatal("a request with no usable limit must not reach the upstream")
+	}
+}
+
+func TestCountersSurviveAReload(t *testing.T) {
+	old := provisioned(t, "1")
+	next := newBlockingNext()
+	defer close(next.release)
+	go func() { _ = old.ServeHTTP(httptest.NewRecorder(), request(context.Background(), "erin", ""), next) }()
+	<-next.started
+	// The new config is provisioned before the old one is cleaned up (a graceful reload).
+	fresh := provisioned(t, "1")
+	_ = old.Cleanup()
+	old.poolKey = ""
+	w := httptest.NewRecorder()
+	_ = fresh.ServeHTTP(w, request(context.Background(), "erin", ""), next)
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("a request still running under the old config must count under the new one: %d", w.Code)
+	}
+}
+
+func TestCaddyfile(t *testing.T) {
+	cases := []struct {
+		in, key, limit, errPart string
+		retry                   int
+	}{
+		{in: "inflight_limit {user} 4", key: "{user}", limit: "4"},
+		{in: "inflight_limit {\n key {vars.user}\n limit {vars.k}\n retry_after 2\n}", key: "{vars.user}", limit: "{vars.k}", retry: 2},
+		{in: "inflight_limit {user}", errPart: "no arguments or <key> <limit>"},
+		{in: "inflight_limit {\n key {user}\n}", errPart: "needs a key and a limit"},
+		{in: "inflight_limit {\n key {user}\n limit 2\n burst 3\n}", errPart: "unknown inflight_limit option"},
+		{in: "inflight_limit {\n key {user}\n limit 2\n retry_after soon\n}", errPart: "retry_after"},
+		{in: "inflight_limit {\n key {user} {other}\n limit 2\n}", errPart: "wrong argument count"},
+	}
+	for _, c := range cases {
+		h := new(Handler)
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.in))
+		if c.errPart != "" {
+			if err == nil || !strings.Contains(err.Error(), c.errPart) {
+				t.Errorf("%q: want an error with %q, got %v", c.in, c.errPart, err)
+			}
+			continue
+		}
+		if err != nil || h.Key != c.key || h.Limit != c.limit || h.RetryAfter != c.retry {
+			t.Errorf("%q: got %+v, %v", c.in, h, err)
+		}
+	}
+}
+
+func TestProvisioningErrors(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, h := range []*Handler{
+		{Key: "", Limit: "2"},
+		{Key: "{user}", Limit: ""},
+		{Key: "{user}", Limit: "0"},
+		{Key: "{user}", Limit: "two"},
+		{Key: "{user}", Limit: "2", RetryAfter: -1},
+	} {
+		if err := h.Provision(ctx); err == nil {
+			t.Errorf("%+v: want a provisioning error", h)
+		}
+	}
+}
+
+// The directive adapts inside a real site block, in a route, before the handler it guards.
+func TestCaddyfileAdapts(t *testing.T) {
+	input := `:8080 {
+	route {
+		inflight_limit {
+			key {http.request.header.X-User}
+			limit 2
+		}
+		respond "ok"
+	}
+}`
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"handler":"inflight_limit","key":"{http.request.header.X-User}","limit":"2"`) {
+		t.Fatalf("adapted JSON lacks the handler: %s", out)
+	}
+}

@@ -1,0 +1,85 @@
+"""The gateway's admission limits, derived from the engine's capacity plan (``vllm_plan.flags``).
+
+Plain functions with no Ansible imports, tested by ``tests/gateway/test_caddy_limits.py``. The role's
+defaults call them; nothing here is typed by hand in an inventory.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# One user may hold at most this share of the engine's batch (--max-num-seqs) by default: with a
+# quarter each, a user who floods the gateway leaves three quarters of the batch to the others, and four
+# users at their cap fill it exactly, so concurrency per user costs no throughput once the team is busy.
+USER_SHARE_DIVISOR = 4
+# Request body bound per token of --max-model-len, in bytes. A token of text is about 4 bytes of UTF-8
+# on average for English; 32 covers the worst cases with room to spare: a 4-byte UTF-8 character
+# JSON-escaped as a surrogate pair "\\uXXXX\\uXXXX" is 12 bytes, and BPE tokens rarely hold more than
+# a few characters. A prompt longer than --max-model-len is refused by the engine anyway.
+BODY_BYTES_PER_TOKEN = 32
+# Fixed allowance for the JSON around the prompt (message structure, tool schemas, sampling options).
+BODY_OVERHEAD_BYTES = 1024 * 1024
+
+
+def _positive_int(value: Any, field: str) -> int:
+    """``value`` as an int >= 1; raises ValueError naming ``field``, the value and the fix otherwise."""
+    fix = (f"{field} comes from the capacity plan (vllm_plan.flags, published by the vllm role's checks, which "
+           f"must run first); for an engine teamserve does not plan, set {field} to the engine's value")
+    if isinstance(value, bool):
+        raise ValueError(f"{field}={value!r} is not a whole number >= 1; {fix}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}={value!r} is not a whole number >= 1; {fix}") from None
+    if number < 1:
+        raise ValueError(f"{field}={value!r} is not a whole number >= 1; {fix}")
+    return number
+
+
+def caddy_user_inflight_default(max_num_seqs: Any) -> int:
+    """Default per-user in-flight cap K, in requests: ``max(1, max_num_seqs // USER_SHARE_DIVISOR)``.
+
+    Input: the engine's --max-num-seqs (sequences in one batch). Output: int >= 1.
+    Raises ValueError if max_num_seqs is not a whole number >= 1.
+    """
+    return max(1, _positive_int(max_num_seqs, "caddy_engine_max_num_seqs") // USER_SHARE_DIVISOR)
+
+
+def caddy_global_inflight(max_num_seqs: Any, max_num_queued_reqs: Any) -> int:
+    """Gateway-wide in-flight cap, in requests: --max-num-seqs + --max-num-queued-reqs.
+
+    That is what the engine holds (running plus its bounded waiting queue); more would only be refused
+    by the engine's own 503. Inputs: the two engine flags (requests). Output: int >= 1.
+    Raises ValueError if max_num_seqs < 1 or max_num_queued_reqs < 0.
+    """
+    seqs = _positive_int(max_num_seqs, "caddy_engine_max_num_seqs")
+    problem = (f"caddy_engine_max_num_queued_reqs={max_num_queued_reqs!r} is not a whole number >= 0; it comes "
+               "from the capacity plan (vllm_plan.flags['max-num-queued-reqs']); for an engine teamserve does "
+               "not plan, set it to the engine's --max-num-queued-reqs")
+    try:
+        queued = int(max_num_queued_reqs)
+    except (TypeError, ValueError):
+        raise ValueError(problem) from None
+    if queued < 0 or isinstance(max_num_queued_reqs, bool):
+        raise ValueError(problem)
+    return seqs + queued
+
+
+def caddy_request_body_max_bytes(max_model_len: Any) -> int:
+    """Default request body limit, in bytes: max_model_len * BODY_BYTES_PER_TOKEN + BODY_OVERHEAD_BYTES.
+
+    Input: the engine's --max-model-len (tokens). Output: int bytes (32,768 tokens -> 2 MiB).
+    Raises ValueError if max_model_len is not a whole number >= 1.
+    """
+    return _positive_int(max_model_len, "caddy_engine_max_model_len") * BODY_BYTES_PER_TOKEN + BODY_OVERHEAD_BYTES
+
+
+class FilterModule:
+    """Ansible filter plugin entry point."""
+
+    def filters(self) -> dict:
+        """Map filter names to functions."""
+        return {
+            "caddy_user_inflight_default": caddy_user_inflight_default,
+            "caddy_global_inflight": caddy_global_inflight,
+            "caddy_request_body_max_bytes": caddy_request_body_max_bytes,
+        }
