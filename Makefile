@@ -7,10 +7,15 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export TESTBED_CACHE ?= /var/cache/teamserve-testbed
-# default: the whole site.yml on one box; gpu_host: Debian 12 + 13, check mode, the driver upgrade path;
-# caddy: key issue/rotate/revoke/expiry, server full; firewall: the traffic matrix across restarts;
-# upgrade: playbooks/upgrade.yml to a broken engine image (rolls back) and to a healthy one.
-MOLECULE_SCENARIOS ?= default gpu_host caddy firewall upgrade
+# default: the whole site.yml on one box, verify.yml, then playbooks/upgrade.yml to a broken engine image
+# (rolls back) and to a healthy one; gpu_host: Debian 12 + 13, check mode, the driver upgrade path;
+# caddy: key issue/rotate/revoke/expiry, server full; firewall: the traffic matrix across restarts.
+# Lanes run side by side, the scenarios of a lane (comma-separated) one after the other: the engine
+# scenario beside the three that never start it. Logs: MOLECULE_LOG_DIR/<scenario>.log.
+MOLECULE_LANES ?= default gpu_host,caddy,firewall
+comma := ,
+MOLECULE_SCENARIOS = $(subst $(comma), ,$(MOLECULE_LANES))
+export MOLECULE_LOG_DIR ?= $(CURDIR)/.cache/molecule-logs
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,8 +48,8 @@ go-test: ## go test -race of the gateway's in-flight cap module (roles/caddy/fil
 unit: venv go-test ## Unit tests: the capacity planner, the roles' Python code, the Go module
 	pytest -q tests/capacity tests/unit tests/gateway tests/firewall
 
-molecule: testbed ## Molecule scenarios (MOLECULE_SCENARIOS="default ...")
-	for s in $(MOLECULE_SCENARIOS); do t=$$SECONDS; molecule test -s $$s; echo "molecule $$s: $$((SECONDS - t)) s"; done
+molecule: testbed ## Molecule scenarios in parallel lanes (MOLECULE_LANES="default gpu_host,caddy,firewall")
+	tests/molecule-lanes.sh $(MOLECULE_LANES)
 
 test: lint unit molecule ## Every test: lint, unit, then the molecule scenarios on the testbed
 

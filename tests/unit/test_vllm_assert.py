@@ -1,4 +1,5 @@
-"""roles/vllm/tasks/assert.yml refuses bad input with a message naming the field, the value and the fix.
+"""roles/vllm/tasks/plan.yml (the `plan` entry point) refuses bad input with a message naming the field,
+the value and the fix.
 
 One ansible-playbook run on localhost: each case is an inventory host of its own (facts set by one case
 cannot leak into another), with its variables; a block/rescue records the outcome per case.
@@ -53,7 +54,7 @@ PLAYBOOK = """
     - block:
         - ansible.builtin.include_role:
             name: vllm
-            tasks_from: assert.yml
+            tasks_from: plan
         - ansible.builtin.set_fact:
             outcome: passed
       rescue:

@@ -7,6 +7,9 @@ Traffic goes only to the testbed's own containers (docs/contracts.md): the box (
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import re
 import time
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
@@ -137,3 +140,20 @@ def test_cold_start_recorded(host):
     restart = [r for r in records if r["trigger"] == "restart"]
     assert deploy and float(deploy[-1]["seconds_to_health"]) > 0
     assert restart and 0 < float(restart[-1]["seconds_to_health"]) < float(restart[-1]["seconds_to_first_token"])
+
+
+def test_site_yml_plans_the_engine_once_per_run():
+    """vllm's `plan` entry point runs once per site.yml run (the preflight): the vllm role and the cold start
+    read the published vllm_plan / vllm_argv. Counted in the log of every site.yml run of this scenario
+    (ANSIBLE_LOG_PATH in molecule.yml; each run's lines carry its process id)."""
+    log = pathlib.Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "ansible.log"
+    runs: dict[str, list[str]] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        match = re.search(r" p=(\d+) ", line)
+        if match:
+            runs.setdefault(match.group(1), []).append(line)
+    site_runs = [lines for lines in runs.values()
+                 if any("PLAY [Preflight - check every input before anything on the host changes]" in x for x in lines)]
+    assert site_runs, f"no site.yml run in {log}"
+    counts = [sum("TASK [vllm : Compute the capacity plan]" in x for x in lines) for lines in site_runs]
+    assert counts == [1] * len(site_runs), counts

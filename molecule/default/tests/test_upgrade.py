@@ -1,9 +1,15 @@
-"""playbooks/upgrade.yml on a box converged with site.yml: a broken engine image rolls back by itself, a
-healthy one switches and records its cold start.
+"""playbooks/upgrade.yml on the box site.yml converged: a broken engine image rolls back by itself, a
+healthy one switches and records its cold start, and a third run finds nothing to upgrade.
 
-Each upgrade is run the way an admin runs it: edit a pin in the lock file (the scenario's copy of the
-testbed's, written by prepare.yml), run ansible-playbook. While it runs, a client keeps asking the gateway
-and records what it is told. Traffic goes only to the testbed box (10.231.0.12).
+Each upgrade is run the way an admin runs it: change a pin over the lock file, run ansible-playbook. The
+pin goes into host_vars/teamserve-box.yml next to this scenario (git-ignored, linked into molecule's
+inventory), which overrides the testbed's committed lock file the way an edited lock would. While an
+upgrade runs, a client keeps asking the gateway and records what it is told. Traffic goes only to the
+testbed box (10.231.0.10).
+
+These tests change the engine's image digest, so they run after every other test of the scenario
+(conftest.py orders them last); the broken upgrade's rollback also puts back the flags converge
+deployed, which test_vllm_engine.py's changed-flag test leaves changed.
 """
 
 from __future__ import annotations
@@ -22,16 +28,16 @@ import openai
 import pytest
 import yaml
 
-testinfra_hosts = ["ansible://upgrade-box"]
+testinfra_hosts = ["ansible://teamserve-box"]
 
 PROJECT = pathlib.Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 SCENARIO = pathlib.Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 INVENTORY = pathlib.Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
 CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed"))
-LOCK = SCENARIO / "group_vars" / "teamserve" / "lock.yml"
+PIN_OVERLAY = SCENARIO / "host_vars" / "teamserve-box.yml"
 TESTBED_VARS = PROJECT / "inventories" / "testbed" / "group_vars" / "teamserve"
-GATEWAY = "https://10.231.0.12:8443/v1"
-CA = CACHE / "caddy-root-upgrade-box.crt"
+GATEWAY = "https://10.231.0.10:8443/v1"
+CA = CACHE / "caddy-root.crt"
 
 
 def generated() -> dict:
@@ -45,12 +51,21 @@ def user_key(name: str) -> str:
     return yaml.safe_load(out)["vault_caddy_user_keys"][name]
 
 
+def committed_lock() -> dict:
+    return yaml.safe_load((TESTBED_VARS / "lock.yml").read_text())
+
+
 def set_pin(digest: str) -> None:
-    """Change the engine image digest in the scenario's lock file, keeping every other line."""
-    lines = LOCK.read_text().splitlines()
-    out = [f'vllm_image_digest: "{digest}"' if line.startswith("vllm_image_digest:") else line for line in lines]
-    assert out != lines or f'"{digest}"' in LOCK.read_text()
-    LOCK.write_text("\n".join(out) + "\n")
+    """Pin the engine image digest over the testbed's lock file (the box's host_vars win over group_vars)."""
+    PIN_OVERLAY.write_text(f'---\nvllm_image_digest: "{digest}"\n')
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pin_overlay():
+    """Start from the committed lock file and leave it in force again afterwards."""
+    PIN_OVERLAY.unlink(missing_ok=True)
+    yield
+    PIN_OVERLAY.unlink(missing_ok=True)
 
 
 def run_upgrade() -> subprocess.CompletedProcess:
@@ -114,9 +129,11 @@ def history_of_starts(state: dict) -> list:
 
 
 @pytest.fixture(scope="module")
-def before(host) -> dict:
-    """The box as site.yml left it."""
-    return {"engine": engine(host), "pins": deployed_pins(host), "history": history(host),
+def before(host, engine_as_converged) -> dict:
+    """The box before the upgrades: the pins site.yml recorded, and the engine's argv as converge ran it."""
+    current = engine(host)
+    engine_as_converged.setdefault("cmd", current["Config"]["Cmd"])
+    return {"engine": current, "pins": deployed_pins(host), "history": history(host),
             "cold_starts": host.file("/var/lib/teamserve/cold-start.jsonl").content_string}
 
 
@@ -150,7 +167,7 @@ def healthy_upgrade(host, broken_upgrade) -> dict:
 
 
 def test_site_recorded_the_pins_it_deployed(before):
-    lock = yaml.safe_load(LOCK.read_text())
+    lock = committed_lock()
     assert before["pins"]["vllm_image_digest"] == generated()["testbed_vllm_image_digest"]
     assert before["pins"]["caddy_version"] == lock["caddy_version"]
     assert before["engine"]["Image"].startswith("sha256:")
@@ -176,11 +193,12 @@ def test_broken_engine_given_up_after_the_derived_wait_not_the_budget(before, br
     assert waited == expected < testbed["vllm_ready_timeout"], (reason, deploys)
 
 
-def test_broken_upgrade_left_the_box_as_it_was(before, broken_upgrade):
+def test_broken_upgrade_left_the_box_as_it_was(before, broken_upgrade, engine_as_converged):
+    """The rollback re-plans for the recorded pins: the image before the upgrade, the argv site.yml deployed."""
     assert broken_upgrade["pins"] == before["pins"]
     now, then = broken_upgrade["engine"], before["engine"]
     assert now["Config"]["Image"] == then["Config"]["Image"]
-    assert now["Args"] == then["Args"]
+    assert now["Config"]["Cmd"] == engine_as_converged["cmd"]
     assert now["State"]["Running"] and now["State"]["Health"]["Status"] in ("healthy", "starting")
 
 
