@@ -88,10 +88,10 @@ def one_stream(base_url: str, key: str, model: str, max_tokens: int, context: ss
     """
     url = urllib.parse.urlsplit(base_url)
     if url.scheme == "https":
-        conn: http.client.HTTPConnection = http.client.HTTPSConnection(url.hostname, url.port, timeout=600,
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(url.hostname or "", url.port, timeout=600,
                                                                        context=context)
     else:
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=600)
     # include_usage: the last chunk carries completion_tokens. A busy engine merges several tokens into
     # one chunk, so counting chunks would undercount.
     body = {"model": model, "stream": True, "max_tokens": max_tokens, "stream_options": {"include_usage": True},

@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 API_KEY = os.environ["FIXTURE_API_KEY"]
 TOKEN_DELAY_S = float(os.environ.get("FIXTURE_TOKEN_DELAY_S", "0.2"))
@@ -39,7 +40,7 @@ MODEL = "fixture"
 BUSY_MODEL = "fixture-busy"
 
 _lock = threading.Lock()
-_stats: dict[str, object] = {
+_stats: dict[str, Any] = {
     "requests": 0,
     "streams_completed": 0,
     "streams_aborted": 0,
@@ -52,8 +53,8 @@ _stats: dict[str, object] = {
 def _bump(name: str, delta: int = 1) -> None:
     """Add ``delta`` to the integer counter ``name`` under the lock; tracks the in-flight maximum."""
     with _lock:
-        _stats[name] = int(_stats[name]) + delta  # type: ignore[arg-type]
-        _stats["max_in_flight"] = max(int(_stats["max_in_flight"]), int(_stats["in_flight"]))  # type: ignore[arg-type]
+        _stats[name] = int(_stats[name]) + delta
+        _stats["max_in_flight"] = max(int(_stats["max_in_flight"]), int(_stats["in_flight"]))
 
 
 def _openai_error(message: str, err_type: str, code: str) -> bytes:
@@ -81,8 +82,8 @@ class Handler(BaseHTTPRequestHandler):
         with _lock:
             seen = _stats["authorization_sha256"]
             digest = hashlib.sha256(header.encode()).hexdigest()
-            if digest not in seen:  # type: ignore[operator]
-                seen.append(digest)  # type: ignore[union-attr]
+            if digest not in seen:
+                seen.append(digest)
         if header != f"Bearer {API_KEY}":
             self._send_json(401, _openai_error("Unauthorized", "invalid_request_error", "invalid_api_key"))
             return False
@@ -104,6 +105,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length", "0"))
         request = json.loads(self.rfile.read(length) or b"{}")
+        body: dict[str, Any]
         if self.path != "/v1/chat/completions":
             self._send_json(404, _openai_error("Not found", "invalid_request_error", "not_found"))
             return

@@ -9,8 +9,9 @@ import pytest
 
 _PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gateway" / "bench_gateway.py"
 _spec = importlib.util.spec_from_file_location("bench_gateway", _PATH)
+assert _spec is not None and _spec.loader is not None
 bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)  # type: ignore[union-attr]
+_spec.loader.exec_module(bench)
 
 
 def stream(ttft: float | None, tokens: int = 0, first: float = 0.0, last: float = 0.0, status=200) -> dict:

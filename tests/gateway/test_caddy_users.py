@@ -9,8 +9,9 @@ import pytest
 
 _PATH = pathlib.Path(__file__).resolve().parents[2] / "roles" / "caddy" / "filter_plugins" / "caddy_users.py"
 _spec = importlib.util.spec_from_file_location("caddy_users", _PATH)
+assert _spec is not None and _spec.loader is not None
 cu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cu)  # type: ignore[union-attr]
+_spec.loader.exec_module(cu)
 
 NOW = 1_800_000_000  # 2027-01-15T08:00:00Z
 KEY_A = "A" * 31 + "a"

@@ -8,7 +8,6 @@ import pathlib
 import subprocess
 
 import pytest
-
 from conftest import SCENARIO
 
 GOOD = {"rate_limit": {"events": 5, "window": "1m"}}

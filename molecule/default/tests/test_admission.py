@@ -21,7 +21,6 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import yaml
-
 from conftest import CACHE, REPO
 
 testinfra_hosts = ["ansible://teamserve-box"]
@@ -38,7 +37,7 @@ def _limits_module():
 
     spec = importlib.util.spec_from_file_location("caddy_limits", REPO / "roles/caddy/filter_plugins/caddy_limits.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)
     return module
 
 

@@ -20,7 +20,6 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import yaml
-
 from conftest import CACHE, GROUP_VARS, REPO
 
 testinfra_hosts = ["ansible://teamserve-box"]

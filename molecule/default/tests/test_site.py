@@ -14,7 +14,6 @@ import time
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
-import pytest
 import testinfra
 
 testinfra_hosts = ["ansible://teamserve-box"]

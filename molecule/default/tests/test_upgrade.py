@@ -81,7 +81,8 @@ class GatewayWatcher(threading.Thread):
 
     def __init__(self, key: str) -> None:
         super().__init__(daemon=True)
-        self.key, self.seen, self.done = key, [], threading.Event()
+        self.key, self.done = key, threading.Event()
+        self.seen: list[tuple[int, str | None, str | None]] = []
 
     def run(self) -> None:
         with httpx.Client(verify=str(CA), timeout=10) as http:

@@ -104,7 +104,8 @@ def test_engine_is_offline_on_the_pinned_revision(host, testbed_vars):
         assert host.file(f"{snapshot}/{name}").exists, name
     # vLLM 0.32 (engine/arg_utils.py) logs how it resolved the repo id while offline: to that snapshot.
     log = host.check_output("docker logs vllm 2>&1 | grep -F 'HF_HUB_OFFLINE is True' || true")
-    assert f"replace model_id [teamserve/tiny-llama] to model_path [/root/.cache/huggingface/hub/models--teamserve--tiny-llama/snapshots/{model['revision']}]" in log
+    snapshot_path = f"/root/.cache/huggingface/hub/models--teamserve--tiny-llama/snapshots/{model['revision']}"
+    assert f"replace model_id [teamserve/tiny-llama] to model_path [{snapshot_path}]" in log
 
 
 def test_hf_token_is_nowhere_but_its_root_only_file(host, vault):

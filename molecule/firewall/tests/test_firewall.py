@@ -6,6 +6,7 @@ Every probe is a real connection between containers this scenario created: fwdev
 0.0.0.0:9000, with the gateway stand-in on 8443 and sshd on 22. Timeouts are 3 s; every wait loop is
 bounded.
 """
+import json
 import os
 import re
 import subprocess
@@ -142,7 +143,8 @@ def test_control_without_teamserve_table_the_holes_are_open():
         # it answered a raw SYN without the table in the first runs here, then stopped reproducing on the
         # same machine after its Docker was reinstalled. Reported, not failed; the policy tests still
         # require the probe to find it closed with the table.
-        warnings.warn("the raw-frame 127.0.0.1 hole did not reproduce without the table on this host")
+        warnings.warn("the raw-frame 127.0.0.1 hole did not reproduce without the table on this host",
+                      stacklevel=2)
     assert observe() == EXPECTED
 
 
@@ -193,7 +195,7 @@ def run_play(tmp_path, *extra, ssh=False, admin=None, guard=True):
     inv.write_text(f"all:\n  hosts:\n    fwdev-box: {{{host}}}\n")
     args = [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inv), str(SCENARIO / "tests/apply_firewall.yml")]
     if admin is not None:
-        args += ["-e", '{"firewall_admin_cidrs": %s}' % str(admin).replace("'", '"')]
+        args += ["-e", json.dumps({"firewall_admin_cidrs": admin})]
     if not guard:
         args += ["-e", '{"firewall_lockout_guard": false}']
     args += list(extra)

@@ -33,14 +33,14 @@ def caddy_expiry_epoch(value: Any) -> int:
     1970-01-01T00:00:00Z. Raises ValueError for anything else.
     """
     if isinstance(value, _dt.datetime):
-        moment = value if value.tzinfo else value.replace(tzinfo=_dt.timezone.utc)
+        moment = value if value.tzinfo else value.replace(tzinfo=_dt.UTC)
     elif isinstance(value, _dt.date):
-        moment = _dt.datetime(value.year, value.month, value.day, tzinfo=_dt.timezone.utc)
+        moment = _dt.datetime(value.year, value.month, value.day, tzinfo=_dt.UTC)
     else:
         text = str(value).strip()
         for fmt in EXPIRY_FORMATS:
             try:
-                moment = _dt.datetime.strptime(text, fmt).replace(tzinfo=_dt.timezone.utc)
+                moment = _dt.datetime.strptime(text, fmt).replace(tzinfo=_dt.UTC)
                 break
             except ValueError:
                 continue
@@ -80,7 +80,7 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, now_ep
     Each message names the field, the bad value (never a key's text) and the fix. Raises nothing.
     """
     problems: list[str] = []
-    now = int(_dt.datetime.now(tz=_dt.timezone.utc).timestamp()) if now_epoch is None else int(now_epoch)
+    now = int(_dt.datetime.now(tz=_dt.UTC).timestamp()) if now_epoch is None else int(now_epoch)
     if not isinstance(users, list):
         return [f"caddy_users must be a list of users, got {type(users).__name__}"]
     if keys is not None and not isinstance(keys, dict):
