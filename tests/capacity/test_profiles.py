@@ -7,9 +7,6 @@ that stops loading, stops fitting or drifts from README's "Capacity plans" table
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+from repo_modules import example_profile_plans  # noqa: E402
 
 # README "Capacity plans": weights GiB, left for KV GiB, KV bytes per token, sequences at the average
 # context, sequences at the maximum context, the maximum context (--max-model-len).
@@ -30,17 +29,7 @@ README_TABLE = {
 @pytest.fixture(scope="module")
 def plans() -> dict[str, dict[str, Any]]:
     """Each profile's plan, as the vllm role's filter returns it, by profile name."""
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-               ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json",
-               ANSIBLE_FILTER_PLUGINS=str(REPO / "roles/vllm/filter_plugins"))
-    run = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(REPO / "inventories/example"),
-         str(Path(__file__).parent / "plan_profiles.yml")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    task = json.loads(run.stdout)["plays"][0]["tasks"][-1]
-    results = next(iter(task["hosts"].values()))["results"]
-    return {r["msg"]["profile"]: r["msg"]["plan"] for r in results}
+    return example_profile_plans()
 
 
 def test_the_inventory_ships_the_readme_profiles(plans: dict[str, dict[str, Any]]) -> None:

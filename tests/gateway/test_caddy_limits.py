@@ -10,20 +10,13 @@ import subprocess
 import sys
 
 import pytest
-import yaml
-
-from teamserve_capacity import plan
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
-from repo_modules import load  # noqa: E402
+from repo_modules import example_profile_plans, load  # noqa: E402
 
 limits = load("caddy_limits", "roles/caddy/filter_plugins/caddy_limits.py")
 
-PROFILES = REPO / "tests" / "capacity" / "fixtures" / "profiles"
-# The GPU the example profiles are sized for (tests/capacity/conftest.py).
-RTX_PRO_6000 = {"index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
-                "memory_total_mib": 97887, "compute_cap": "12.0", "driver_version": "580.95.05"}
 
 
 @pytest.mark.parametrize("seqs,expected", [(1, 1), (3, 1), (4, 1), (8, 2), (16, 4), (31, 7), (256, 64)])
@@ -93,11 +86,10 @@ def test_switching_the_profile_switches_the_caps(tmp_path):
     users = [{"name": "alice", "key": "a" * 40, "rate_limit": {"events": 60, "window": "1m"}},
              {"name": "bob", "key": "b" * 40, "rate_limit": {"events": 60, "window": "1m"}, "max_inflight": 1},
              {"name": "carol", "key": "c" * 40, "rate_limit": {"events": 5, "window": "1h"}}]
-    hosts, plans = {}, {}
-    for stem in ("llama-3.1-8b-bf16", "qwen3-32b-fp8"):
-        doc = yaml.safe_load((PROFILES / f"{stem}.yml").read_text())
-        plans[stem] = plan(doc["vllm_model"], doc["vllm_workload"], [RTX_PRO_6000], doc["vllm_engine"])
-        hosts[stem] = {"vllm_plan": {"flags": plans[stem]["flags"]}, "caddy_users": users, "caddy_tls_mode": "off"}
+    every = example_profile_plans()
+    plans = {stem: every[stem] for stem in ("llama-3.1-8b-bf16", "qwen3-32b-fp8")}
+    hosts = {stem: {"vllm_plan": {"flags": p["flags"]}, "caddy_users": users, "caddy_tls_mode": "off"}
+             for stem, p in plans.items()}
     seqs = {stem: p["flags"]["max-num-seqs"] for stem, p in plans.items()}
     assert len(set(seqs.values())) == 2, seqs  # the two profiles really differ
     rendered = render(tmp_path, hosts)

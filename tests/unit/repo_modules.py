@@ -1,11 +1,17 @@
 """Load the project's plugin and module files (roles/*/library, roles/*/filter_plugins, tests/testbed) by path:
-they are not importable packages. Shared by the unit tests of this directory."""
+they are not importable packages; and plan the example inventory's profiles the way Ansible does. Shared by
+the unit, capacity and gateway tests."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import pathlib
+import subprocess
+import sys
 from types import ModuleType
+from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -20,3 +26,20 @@ def load(name: str, relative_path: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def example_profile_plans() -> dict[str, dict[str, Any]]:
+    """Each profile of inventories/example, planned by tests/capacity/plan_profiles.yml through
+    ansible-playbook (the inventory's lookups, the vllm role's defaults and filter), by profile name.
+    Raises AssertionError with the play's output tail if the play fails."""
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json",
+               ANSIBLE_FILTER_PLUGINS=str(REPO / "roles/vllm/filter_plugins"))
+    run = subprocess.run(
+        [str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", str(REPO / "inventories/example"),
+         str(REPO / "tests/capacity/plan_profiles.yml")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    task = json.loads(run.stdout)["plays"][0]["tasks"][-1]
+    results = next(iter(task["hosts"].values()))["results"]
+    return {r["msg"]["profile"]: r["msg"]["plan"] for r in results}
