@@ -1,10 +1,12 @@
 """Load the project's plugin and module files (roles/*/library, roles/*/filter_plugins, tests/testbed) by path:
-they are not importable packages. Shared by the unit tests of this directory."""
+they are not importable packages. Shared by the unit tests of this directory. The shared module_utils/
+files are registered as ``ansible.module_utils.<name>``, where Ansible puts them for modules."""
 
 from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 from types import ModuleType
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -19,3 +21,13 @@ def load(name: str, relative_path: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _register_module_utils() -> None:
+    for path in sorted((REPO / "module_utils").glob("*.py")):
+        name = f"ansible.module_utils.{path.stem}"
+        if name not in sys.modules:
+            sys.modules[name] = load(name, str(path.relative_to(REPO)))
+
+
+_register_module_utils()
