@@ -643,7 +643,7 @@ def check_outside(outside_host: str, port: int, probes: Any) -> Record:
     return record(
         9, "PASS" if ok else "FAIL",
         f"from {outside_host}: {len(probed)} address(es) x port {port}, {len(connected)} connected "
-        f"{'(' + ', '.join(connected) + ')' if connected else ''} (target 0)",
+        f"{'(' + ', '.join(map(str, connected)) + ')' if connected else ''} (target 0)",
         measured={"outside_host": outside_host, "port": int(port), "probed": probed, "connected": connected,
                   "refused_or_timed_out": [a for a in probed if a not in connected]},
         target={"connected": []},
