@@ -1,6 +1,7 @@
 """Load the project's plugin and module files (roles/*/library, roles/*/filter_plugins, tests/testbed) by path:
 they are not importable packages; and plan the example inventory's profiles the way Ansible does. Shared by
-the unit, capacity and gateway tests."""
+the unit, capacity and gateway tests. The shared module_utils/ files are registered as
+``ansible.module_utils.<name>``, where Ansible puts them for modules."""
 
 from __future__ import annotations
 
@@ -43,3 +44,13 @@ def example_profile_plans() -> dict[str, dict[str, Any]]:
     task = json.loads(run.stdout)["plays"][0]["tasks"][-1]
     results = next(iter(task["hosts"].values()))["results"]
     return {r["msg"]["profile"]: r["msg"]["plan"] for r in results}
+
+
+def _register_module_utils() -> None:
+    for path in sorted((REPO / "module_utils").glob("*.py")):
+        name = f"ansible.module_utils.{path.stem}"
+        if name not in sys.modules:
+            sys.modules[name] = load(name, str(path.relative_to(REPO)))
+
+
+_register_module_utils()

@@ -1,148 +1,300 @@
-"""Pure-Python parts of playbooks/verify.yml (roles/teamserve_verify): Prometheus parsing, the bench
-summary, the eval set and agreement, the outside-probe address list, the table, and the long-prompt
-module's gap arithmetic."""
+"""The deployment checklist's verdicts (roles/teamserve_verify/filter_plugins/teamserve_verify.py), the shared
+/metrics, SSE and start-up log code (module_utils/), and the long-prompt module's gap arithmetic.
+
+Inputs are real: fixtures/verify/ holds what the testbed box answered (README there says how each file
+was captured), the GPU cases are vLLM log lines quoted in public issues (benchmarks/capacity/cases.json)
+planned by the real planner."""
 
 from __future__ import annotations
 
+import copy
+import io
 import json
 import math
 import pathlib
+import threading
+from typing import Any
 
 import pytest
-from repo_modules import load
+import yaml
 from ansible.errors import AnsibleFilterError
+from repo_modules import REPO, load
 
-ROLE = pathlib.Path(__file__).resolve().parents[2] / "roles" / "teamserve_verify"
+from teamserve_capacity import GIB, plan
 
-
-
-
-filters = load("teamserve_verify_filters", "roles/teamserve_verify/filter_plugins/teamserve_verify.py")
+FIX = pathlib.Path(__file__).resolve().parent / "fixtures" / "verify"
+checks = load("teamserve_verify_filters", "roles/teamserve_verify/filter_plugins/teamserve_verify.py")
+metric_filter = load("teamserve_metrics_filter", "filter_plugins/teamserve_metrics.py")
 long_prompt = load("teamserve_verify_long_prompt", "roles/teamserve_verify/library/teamserve_verify_long_prompt.py")
-
-# Shaped like vLLM 0.32's /metrics (prometheus_client text format): one engine label set.
-METRICS_BEFORE = """\
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0
-# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
-# TYPE vllm:request_queue_time_seconds histogram
-vllm:request_queue_time_seconds_sum{engine="0",model_name="tiny"} 0.5
-vllm:request_queue_time_seconds_bucket{engine="0",le="0.3",model_name="tiny"} 10.0
-vllm:request_queue_time_seconds_bucket{engine="0",le="0.5",model_name="tiny"} 10.0
-vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 10.0
-vllm:request_queue_time_seconds_count{engine="0",model_name="tiny"} 10.0
-"""
-METRICS_AFTER = """\
-vllm:num_requests_waiting{engine="0",model_name="tiny"} 2.0
-vllm:request_queue_time_seconds_sum{engine="0",model_name="tiny"} 6.5
-vllm:request_queue_time_seconds_bucket{engine="0",le="0.3",model_name="tiny"} 22.0
-vllm:request_queue_time_seconds_bucket{engine="0",le="0.5",model_name="tiny"} 24.0
-vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 26.0
-vllm:request_queue_time_seconds_count{engine="0",model_name="tiny"} 26.0
-"""
+sse = load("teamserve_sse_test", "module_utils/teamserve_sse.py")
+prometheus = load("teamserve_prometheus_test", "module_utils/teamserve_prometheus.py")
+TESTBED = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())
 
 
-def test_metric_sums_label_sets_and_ignores_comments():
-    text = METRICS_AFTER + 'vllm:num_requests_waiting{engine="1",model_name="tiny"} 3.0\n'
-    assert filters.teamserve_verify_metric(text, "vllm:num_requests_waiting") == 5.0
-    assert filters.teamserve_verify_metric(METRICS_BEFORE, "vllm:absent") is None
+def text(name: str) -> str:
+    return (FIX / name).read_text()
 
 
-def test_histogram_reads_buckets_including_inf():
-    hist = filters.teamserve_verify_histogram(METRICS_AFTER, "vllm:request_queue_time_seconds")
-    assert hist["count"] == 26.0 and hist["sum"] == 6.5
-    assert hist["buckets"][0.3] == 22.0 and hist["buckets"][math.inf] == 26.0
+def data(name: str) -> Any:
+    return json.loads(text(name))
 
 
-def test_queue_delta_counts_requests_that_waited_past_the_threshold():
-    queue = filters.teamserve_verify_queue(METRICS_BEFORE, METRICS_AFTER)
-    # 16 requests finished; 12 of them within 0.3 s, so 4 queued; 6.0 s waited in all
-    assert queue == {"requests": 16, "queued": 4, "threshold_seconds": 0.3,
-                     "waited_seconds_total": 6.0, "mean_wait_seconds": 0.375}
-    # a threshold between bounds rounds up to the next bucket (0.5 s): 14 within, 2 queued
-    assert filters.teamserve_verify_queue(METRICS_BEFORE, METRICS_AFTER, 0.4)["queued"] == 2
+def testbed_plan() -> dict[str, Any]:
+    """The testbed's plan, as the vllm role computes it (the stand-in GPU: what vllm_gpu_expected describes)."""
+    defaults = yaml.safe_load((REPO / "roles/vllm/defaults/main.yml").read_text())
+    return plan(TESTBED["vllm_model"], TESTBED["vllm_workload"], defaults["vllm_gpu_expected"], {})
 
 
-def test_queue_delta_refuses_a_restarted_engine_and_a_missing_histogram():
-    with pytest.raises(AnsibleFilterError, match="restarted"):
-        filters.teamserve_verify_queue(METRICS_AFTER, METRICS_BEFORE)
-    with pytest.raises(AnsibleFilterError, match="no vllm:request_queue_time_seconds"):
-        filters.teamserve_verify_queue("", "vllm:num_requests_waiting 0\n")
+def case(case_id: str) -> dict[str, Any]:
+    cases = json.loads((REPO / "benchmarks/capacity/cases.json").read_text())["cases"]
+    return next(c for c in cases if c["id"] == case_id)
 
 
-def test_bench_summary_converts_milliseconds_and_keeps_percentiles():
-    # keys as vllm/benchmarks/serve.py (0.32) writes them with --metric-percentiles 50,95,99
-    result = {"completed": 15, "failed": 1, "num_prompts": 16, "max_concurrency": 8, "duration": 3.21,
-              "request_throughput": 4.67, "output_throughput": 74.7,
-              "median_ttft_ms": 120.0, "p50_ttft_ms": 120.0, "p95_ttft_ms": 410.5, "p99_ttft_ms": 433.0,
-              "median_tpot_ms": 20.0, "p50_tpot_ms": 20.0, "p95_tpot_ms": 31.0, "p99_tpot_ms": 35.0,
-              "errors": ["", "HTTP 429: rate limited", "HTTP 429: rate limited", ""]}
-    summary = filters.teamserve_verify_bench(result)
-    assert summary["ttft_seconds"]["p95"] == pytest.approx(0.4105)
-    assert summary["tpot_seconds"] == {"median": 0.02, "p50": 0.02, "p95": 0.031, "p99": 0.035}
-    assert summary["itl_seconds"]["p99"] is None  # not in the result: reported as missing, not zero
-    assert summary["completed"] == 15 and summary["failed"] == 1
-    assert summary["errors"] == ["HTTP 429: rate limited"]
+def qwen_plan(memory_total_mib: int, measured_kv_gib: float | None = None) -> dict[str, Any]:
+    """Qwen3-1.7B at --max-model-len 1024 (the public case qwen3-1.7b-24gb) planned for one GPU."""
+    config = json.loads((REPO / "tests/capacity/fixtures/configs/Qwen--Qwen3-1.7B.json").read_text())
+    engine = {"measured": {"kv_cache_bytes": int(measured_kv_gib * GIB)}} if measured_kv_gib else {}
+    return plan({"name": "Qwen/Qwen3-1.7B", "served_model_name": "qwen", "config": config, "weight_format": "bf16"},
+                {"concurrent_sequences": 1, "avg_context_tokens": 1000, "max_context_tokens": 1024,
+                 "ttft_p95_seconds": 1.0, "tpot_seconds": 0.05},
+                [{"index": 0, "name": "GPU", "memory_total_mib": memory_total_mib, "compute_cap": "8.9"}], engine)
+
+
+# --- shared code (module_utils) -----------------------------------------------------------------------------
+
+def test_prometheus_parser_reads_the_engines_real_metrics():
+    samples = prometheus.samples(text("metrics-after.txt"))
+    names = {s.name for s in samples}
+    assert {"vllm:num_requests_waiting", "vllm:request_queue_time_seconds_bucket"} <= names
+    assert prometheus.value(text("metrics-after.txt"), "vllm:num_requests_waiting") == 0.0
+    assert prometheus.value(text("metrics-after.txt"), "vllm:no_such_metric") is None
+    hist = prometheus.histogram(text("metrics-after.txt"), "vllm:request_queue_time_seconds")
+    assert hist["buckets"][math.inf] == hist["count"] > 0
+    with pytest.raises(TypeError):
+        prometheus.samples(None)
+
+
+def test_metric_filter_sums_label_sets_and_names_a_missing_scrape():
+    extra = text("metrics-after.txt").replace('engine="0"', 'engine="1"')
+    one = metric_filter.teamserve_metric(text("metrics-after.txt"), "vllm:request_success_total")
+    assert one > 0 and metric_filter.teamserve_metric(text("metrics-after.txt") + extra,
+                                                      "vllm:request_success_total") == 2 * one
+    with pytest.raises(AnsibleFilterError, match="expected the /metrics text"):
+        metric_filter.teamserve_metric(None, "vllm:num_requests_running")
+
+
+class _Response(io.BytesIO):
+    """An SSE body as vLLM streams it, read line by line like http.client.HTTPResponse."""
+
+
+def test_sse_events_stop_at_done_and_skip_non_data_lines():
+    body = (b": keep-alive\n\n"
+            b'data: {"id":"c1","choices":[{"index":0,"text":"Hel"}]}\n\n'
+            b"event: ping\n\n"
+            b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"lo"}}]}\n\n'
+            b'data: {"id":"c1","choices":[],"usage":{"completion_tokens":2}}\n\n'
+            b"data: [DONE]\n\n"
+            b'data: {"choices":[{"text":"after done"}]}\n\n')
+    events = list(sse.events(_Response(body)))
+    assert len(events) == 3 and [sse.has_token(e) for e in events] == [True, True, False]
+    stop = threading.Event()
+    stop.set()
+    assert list(sse.events(_Response(body), stop)) == []
+
+
+def test_sse_open_refuses_a_non_200_answer():
+    # a real local HTTP server answering 401 like the gateway does without a key
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(401)
+            self.end_headers()
+            self.wfile.write(b'{"error":{"code":"invalid_api_key"}}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(sse.StreamError, match="HTTP 401.*invalid_api_key"):
+            sse.open_stream(f"http://127.0.0.1:{server.server_port}/v1/completions", {"x": 1}, "bad", timeout=5)
+    finally:
+        thread.join(5)
+        server.server_close()
+    with pytest.raises(sse.STREAM_ERRORS):
+        sse.open_stream("http://127.0.0.1:9/v1/completions", {}, "k", timeout=2)
+    assert issubclass(sse.StreamError, RuntimeError) and http.client.HTTPException in sse.STREAM_ERRORS
+
+
+def test_start_up_log_kv_cache_size_gpu_and_cpu():
+    vllm_log = load("teamserve_vllm_log_test", "module_utils/teamserve_vllm_log.py")
+    assert vllm_log.kv_cache_size(case("qwen3-1.7b-24gb")["log"]) == {"device": "GPU", "tokens": 175856}
+    cpu = vllm_log.kv_cache_size(text("engine-start.log"))
+    assert cpu is not None and cpu["device"] == "CPU" and cpu["tokens"] > 0
+    assert vllm_log.kv_cache_size("INFO Loading weights took 0.01 seconds") is None
+
+
+# --- check 1 ------------------------------------------------------------------------------------------------
+
+def test_capacity_passes_when_the_logged_gpu_kv_cache_matches_the_plan():
+    record = checks.check_capacity(qwen_plan(24564, measured_kv_gib=18.78), case("qwen3-1.7b-24gb")["log"])
+    assert record["status"] == "PASS", record["summary"]
+    assert record["measured"]["engine_kv_cache"] == {"device": "GPU", "tokens": 175856}
+    assert abs(record["measured"]["kv_tokens_error"]) < 0.001  # 175,808 planned: the README's -0.03 %
+    assert "GPU KV cache 175,856 tokens" in record["summary"]
+
+
+def test_capacity_fails_when_the_engine_logged_a_different_kv_cache():
+    # planned for a 48 GB card, but the engine's log is the 24 GB card's
+    record = checks.check_capacity(qwen_plan(49140), case("qwen3-1.7b-24gb")["log"])
+    assert record["status"] == "FAIL" and record["measured"]["kv_tokens_error"] > 0.10
+    assert "tolerance 10 %" in record["summary"]
+    # the same difference passes with a tolerance wide enough for it
+    wide = checks.check_capacity(qwen_plan(49140), case("qwen3-1.7b-24gb")["log"], tolerance=2.0)
+    assert wide["status"] == "PASS"
+
+
+def test_capacity_on_the_cpu_build_checks_the_logged_cache_holds_the_workload():
+    record = checks.check_capacity(testbed_plan(), text("engine-start.log"))
+    assert record["status"] == "PASS", record["summary"]
+    assert record["measured"]["engine_kv_cache"]["device"] == "CPU" and record["measured"]["kv_tokens_error"] is None
+    assert "holds 8 x 1,000 = 8,000 tokens" in record["summary"]
+    assert record["measured"]["max_concurrency_at_avg_context"] >= 8
+
+
+def test_capacity_without_the_log_line_or_a_fitting_plan():
+    record = checks.check_capacity(testbed_plan(), "")
+    assert record["status"] == "PASS" and "not compared" in record["summary"]
+    overcommitted = copy.deepcopy(testbed_plan())
+    overcommitted["fits"] = False
+    overcommitted["levers"] = ["use fewer sequences"]
+    failed = checks.check_capacity(overcommitted, text("engine-start.log"))
+    assert failed["status"] == "FAIL" and failed["levers"] == ["use fewer sequences"]
+    assert checks.check_capacity(None, "")["status"] == "FAIL"
+
+
+# --- check 2 ------------------------------------------------------------------------------------------------
+
+def engine() -> dict[str, Any]:
+    return checks.engine(data("container.json"))
+
+
+def test_engine_reads_the_running_container():
+    running = engine()
+    assert running["running"] is True and running["metrics_url"] == "http://127.0.0.1:8000/metrics"
+    assert running["hf_cache"] == "/var/lib/teamserve/vllm/huggingface"
+    assert running["kv_cache_dtype"] == "auto" and running["started_epoch"] > 0
+    with pytest.raises(AnsibleFilterError, match="does not exist"):
+        checks.engine({})
+
+
+def test_engine_check_compares_argv_image_and_models():
+    running = engine()
+    pin = running["image"].replace("@", ":v0.32.0@")  # the inventory's repo:tag@digest
+    models = {"status": 200, "json": data("models.json")["json"]}
+    record = checks.check_engine(running, running["argv"], pin, "tiny", "0.32.0", models)
+    assert record["status"] == "PASS", record["summary"]
+    assert record["target"]["image"] == running["image"]
+    drifted = running["argv"][:-2]
+    assert checks.check_engine(running, drifted, pin, "tiny", "0.32.0", models)["summary"].count("DIFFERS") == 1
+    other_pin = pin.split("@")[0] + "@sha256:" + "0" * 64
+    assert "NOT the pinned digest" in checks.check_engine(running, running["argv"], other_pin, "tiny", "0.32.0",
+                                                          models)["summary"]
+    assert checks.check_engine(running, running["argv"], pin, "other", "0.32.0", models)["status"] == "FAIL"
+    assert checks.check_engine(running, None, pin, "tiny", "0.32.0", models)["status"] == "FAIL"
+
+
+# --- checks 3 and 4 -------------------------------------------------------------------------------------------
+
+def runs() -> list[dict[str, Any]]:
+    return [checks.bench_run(8, data("bench-c8.json"), text("metrics-before.txt"), text("metrics-after.txt"), 0.3),
+            checks.bench_run(16, data("bench-c16.json"), text("metrics-before.txt"), text("metrics-after.txt"), 0.3)]
+
+
+def test_bench_summary_of_a_real_run_in_seconds():
+    raw = data("bench-c8.json")
+    summary = checks.bench(raw)
+    assert summary["completed"] == raw["completed"] and summary["num_prompts"] == raw["num_prompts"]
+    assert summary["ttft_seconds"]["p95"] == pytest.approx(raw["p95_ttft_ms"] / 1000, abs=1e-5)
+    assert 0 <= summary["tpot_seconds"]["p50"] <= summary["tpot_seconds"]["p95"] <= summary["tpot_seconds"]["p99"]
     with pytest.raises(AnsibleFilterError, match="completed"):
-        filters.teamserve_verify_bench({"date": "x"})
+        checks.bench({"date": "x"})
 
 
-def test_eval_parse_accepts_jsonl_with_comments_and_optional_expected():
-    text = '# my set\n{"prompt": "2+2?", "expected": "4"}\n\n{"prompt": "Capital of France?"}\n'
-    assert filters.teamserve_verify_eval_parse(text) == [
-        {"prompt": "2+2?", "expected": "4"}, {"prompt": "Capital of France?", "expected": None}]
+def test_queue_between_two_real_scrapes():
+    q = checks.queue(text("metrics-before.txt"), text("metrics-after.txt"))
+    assert q["requests"] == 4  # the four completions sent between the scrapes
+    assert 0 <= q["queued"] <= 4 and q["threshold_seconds"] == 0.3
+    with pytest.raises(AnsibleFilterError, match="restarted"):
+        checks.queue(text("metrics-after.txt"), text("metrics-before.txt"))
+    with pytest.raises(AnsibleFilterError, match="no vllm:request_queue_time_seconds"):
+        checks.queue("", "vllm:num_requests_waiting 0\n")
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"prompt": "a"}\nnot json\n', "line 2 is not JSON"),
-    ('{"question": "a"}\n', "line 1: 'prompt' must be a non-empty string"),
-    ('{"prompt": "a", "expected": 4}\n', "'expected' must be a string"),
-    ('{"prompt": "a"}\n{"prompt": "a"}\n', "duplicated prompt"),
-    ("# nothing\n", "holds no prompts"),
-])
-def test_eval_parse_names_the_line_and_the_fix(text, message):
-    with pytest.raises(AnsibleFilterError, match=message):
-        filters.teamserve_verify_eval_parse(text, "eval.jsonl")
+def test_targets_judge_the_1x_run_at_p95():
+    workload = TESTBED["vllm_workload"]
+    record = checks.check_targets(runs(), workload)
+    ttft = record["measured"]["ttft_p95_seconds"]
+    assert record["status"] == ("PASS" if ttft <= workload["ttft_p95_seconds"] else "FAIL")
+    strict = dict(workload, ttft_p95_seconds=ttft / 2)
+    assert checks.check_targets(runs(), strict)["status"] == "FAIL"
+    assert checks.check_targets([], workload)["status"] == "FAIL"
 
 
-def test_agreement_is_exact_match_by_prompt_after_whitespace():
-    auto = [{"prompt": "a", "answer": "Paris"}, {"prompt": "b", "answer": "4 "}, {"prompt": "c", "answer": "x"},
-            {"prompt": "only-auto", "answer": "y"}]
-    fp8 = [{"prompt": "a", "answer": "Paris"}, {"prompt": "b", "answer": " 4"}, {"prompt": "c", "answer": "z"}]
-    assert filters.teamserve_verify_agreement(auto, fp8) == {"compared": 3, "agreed": 2, "rate": 0.6667}
-    assert filters.teamserve_verify_agreement(auto, [])["rate"] is None
+def test_load_needs_both_runs_served():
+    inputs = checks.bench_inputs(testbed_plan(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 16)
+    assert inputs["concurrencies"] == [8, 16] and inputs["input_tokens"] == 1000 - 16
+    record = checks.check_load(runs(), inputs, TESTBED["vllm_workload"])
+    assert record["status"] == "PASS" and [r["concurrency"] for r in record["measured"]["runs"]] == [8, 16]
+    broken = runs()
+    broken[1]["bench"]["failed"] = 1
+    assert checks.check_load(broken, inputs, TESTBED["vllm_workload"])["status"] == "FAIL"
+    assert checks.check_load(runs()[:1], inputs, TESTBED["vllm_workload"])["status"] == "FAIL"
 
 
-def test_expected_match_counts_only_items_with_an_expected_answer():
-    answers = [{"prompt": "a", "expected": "4", "answer": "4"}, {"prompt": "b", "expected": "5", "answer": "6"},
-               {"prompt": "c", "expected": None, "answer": "x"}]
-    assert filters.teamserve_verify_expected_match(answers) == {"with_expected": 2, "matched": 1, "rate": 0.5}
+def test_bench_inputs_tokenizer_and_room():
+    model = dict(TESTBED["vllm_model"], revision="ef486eba9ff0b47394b3d9daf8a30e736bf68ef8")
+    inputs = checks.bench_inputs(testbed_plan(), TESTBED["vllm_workload"], model, 5000, 16)
+    assert inputs["input_tokens"] == 2048 - 16 - 1  # capped by --max-model-len
+    assert inputs["tokenizer"] == ("/root/.cache/huggingface/hub/models--teamserve--tiny-llama/snapshots/"
+                                   "ef486eba9ff0b47394b3d9daf8a30e736bf68ef8")
+    with pytest.raises(AnsibleFilterError, match="teamserve_verify_bench_output_tokens=2048"):
+        checks.bench_inputs(testbed_plan(), TESTBED["vllm_workload"], model, 0, 2048)
 
 
-def test_host_addresses_skip_loopback_and_container_bridges():
-    facts = {
-        "interfaces": ["lo", "eth0", "eth1", "docker0", "br-1a2b", "veth9f"],
-        "lo": {"ipv4": {"address": "127.0.0.1"}},
-        "eth0": {"ipv4": {"address": "10.231.0.10"}, "ipv4_secondaries": [{"address": "10.231.0.11"}],
-                 "ipv6": [{"address": "fe80::1", "scope": "link"}, {"address": "2001:db8::10", "scope": "global"}]},
-        "eth1": {"ipv4": {"address": "10.232.0.10"}},
-        "docker0": {"ipv4": {"address": "172.17.0.1"}},
-        "br_1a2b": {"ipv4": {"address": "172.18.0.1"}},
-        "veth9f": {},
-    }
-    assert filters.teamserve_verify_host_addresses(facts) == ["10.231.0.10", "10.231.0.11", "10.232.0.10",
-                                                              "2001:db8::10"]
+def test_failed_gathering_names_the_task_and_the_last_line():
+    result = {"failed": True, "status": 1, "msg": "warning: x\nTraceback ...\nValueError: no tokenizer\n"}
+    records = checks.failed([3, 4], result, {"name": "Run vllm bench serve through the gateway at concurrency 8"},
+                            {"runs": []})
+    assert [r["id"] for r in records] == [3, 4] and all(r["status"] == "FAIL" for r in records)
+    assert records[0]["summary"] == "vllm bench serve exited with status 1: ValueError: no tokenizer"
+    other = checks.failed(1, {"msg": "boom"}, {"name": "Compute the plan"})
+    assert other[0]["summary"] == "Compute the plan: boom" and "measured" not in other[0]
 
 
-def test_table_sorts_by_id_and_counts():
-    lines = filters.teamserve_verify_table([
-        {"id": 9, "name": "outside", "status": "SKIP", "summary": "no outside host"},
-        {"id": 1, "name": "capacity arithmetic", "status": "PASS", "summary": "fits"},
-        {"id": 3, "name": "targets", "status": "FAIL", "summary": "TTFT p95 2 s (target 1)"}])
-    assert [line.split()[0] for line in lines[2:5]] == ["1", "3", "9"]
-    assert "FAIL" in lines[3] and "TTFT p95 2 s" in lines[3]
-    assert lines[-1] == "1 passed, 1 failed, 1 skipped"
+# --- check 5 ------------------------------------------------------------------------------------------------
+
+def test_long_prompt_judges_the_longest_pause():
+    result = dict(data("long-prompt.json"), changed=False,
+                  invocation={"module_args": {"api_key": "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"}})
+    longest = result["during"]["max"]
+    record = checks.check_long_prompt(result, longest + 0.5)
+    assert record["status"] == "PASS" and "invocation" not in record["measured"]
+    assert checks.check_long_prompt(result, longest / 2)["status"] == "FAIL"
+    stalled = dict(result, streams_alive_after=result["streams"] - 1)
+    assert checks.check_long_prompt(stalled, longest + 0.5)["status"] == "FAIL"
+
+
+def test_long_prompt_inputs():
+    inputs = checks.long_prompt_inputs(testbed_plan(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 0)
+    assert inputs == {"streams": 7, "tokens": 2040, "max_len": 2048, "vocab_size": 4096, "stream_max_tokens": 1024}
+    with pytest.raises(AnsibleFilterError, match="must be below --max-model-len 2048"):
+        checks.long_prompt_inputs(testbed_plan(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 4096)
+    with pytest.raises(AnsibleFilterError, match="no vocab_size"):
+        checks.long_prompt_inputs(testbed_plan(), TESTBED["vllm_workload"], {"config": {}}, 0, 0)
 
 
 def test_percentile_matches_numpy_linear_definition():
@@ -161,37 +313,112 @@ def test_split_gaps_before_and_during_the_prefill_window():
     stream_b = [0.50, 0.95, 0.97, 0.99, 1.30, 1.32]
     before, during = long_prompt.split_gaps([stream_a, stream_b], 1.00, 1.25, 0.90)
     assert sorted(round(g, 3) for g in before) == [0.01, 0.01, 0.01, 0.02, 0.02]
-    # overlapping the window: A's 0.93->1.23, 1.23->1.24, 1.24->1.25; B's 0.99->1.30 (B's 1.30->1.32 is after)
     assert sorted(round(g, 3) for g in during) == [0.01, 0.01, 0.3, 0.31]
-    summary = long_prompt.summarise(during)
-    assert summary["count"] == 4 and summary["max"] == 0.31
+    assert long_prompt.summarise(during)["max"] == 0.31
 
 
-def test_example_eval_file_parses():
-    path = ROLE.parents[1] / "inventories" / "testbed" / "eval.jsonl"
-    items = filters.teamserve_verify_eval_parse(path.read_text(), str(path))
-    assert len(items) >= 3 and all(isinstance(json.dumps(i), str) for i in items)
+# --- check 6 ------------------------------------------------------------------------------------------------
+
+def test_limits_pass_with_a_real_429_and_another_users_200():
+    limit = {"events": 5, "window": "1m"}
+    record = checks.check_limits("carol", limit, data("limited.json"), "bob", data("other.json"))
+    assert record["status"] == "PASS", record["summary"]
+    assert record["measured"]["limited_error_code"] == "rate_limit_exceeded"
+    assert int(record["measured"]["retry_after"]) > 0
+    no_retry_after = {k: v for k, v in data("limited.json").items() if k != "retry_after"}
+    assert checks.check_limits("carol", limit, no_retry_after, "bob", data("other.json"))["status"] == "FAIL"
+    never_limited = data("other.json") | {"attempts": 7}
+    unenforced = checks.check_limits("carol", limit, never_limited, "bob", data("other.json"))
+    assert unenforced["status"] == "FAIL" and "no 429 for carol after 7 requests" in unenforced["summary"]
+    skipped = checks.check_limits("", None, None, "bob", None)
+    assert skipped["status"] == "SKIP" and "teamserve_verify_limited_user" in skipped["reason"]
 
 
-def test_eval_answers_take_the_first_choice_and_refuse_a_failed_request():
-    results = [
-        {"item": {"prompt": "a", "expected": "4"}, "status": 200,
-         "json": {"choices": [{"message": {"role": "assistant", "content": "4"}}]}},
-        {"item": {"prompt": "b", "expected": None}, "status": 200,
-         "json": {"choices": [{"message": {"role": "assistant", "content": None}}]}},
-    ]
-    assert filters.teamserve_verify_eval_answers(results) == [
-        {"prompt": "a", "expected": "4", "answer": "4"}, {"prompt": "b", "expected": None, "answer": ""}]
-    refused = [{"item": {"prompt": "c"}, "status": 429, "json": {"error": {"code": "rate_limited"}}}]
+# --- check 7 ------------------------------------------------------------------------------------------------
+
+def test_cold_start_within_budget_and_no_regression():
+    result = data("cold-start.json")
+    record = checks.check_cold_start(True, result)
+    assert record["status"] == ("FAIL" if result["regression"] else "PASS"), record["summary"]
+    assert checks.check_cold_start(True, dict(result, regression=True))["status"] == "FAIL"
+    over_budget = dict(result, budget_seconds=result["seconds_to_health"] / 2)
+    assert checks.check_cold_start(True, over_budget)["status"] == "FAIL"
+    assert checks.check_cold_start(True, None)["status"] == "FAIL"
+    assert checks.check_cold_start(False, None)["status"] == "SKIP"
+
+
+# --- check 8 ------------------------------------------------------------------------------------------------
+
+def test_eval_agreement_with_another_kv_cache_dtype():
+    stored = data("eval-answers.json")
+    answers = stored["answers"]
+    same = checks.check_eval(answers, "auto", [dict(stored, kv_cache_dtype="fp8")], 0.9, "x.json")
+    assert same["status"] == "PASS" and same["measured"]["comparisons"][0]["rate"] == 1.0
+    changed = copy.deepcopy(stored)
+    changed["kv_cache_dtype"] = "fp8"
+    changed["answers"][0]["answer"] += " (different)"
+    low = checks.check_eval(answers, "auto", [changed], 0.9, "x.json")
+    agreed = len(answers) - 1
+    assert low["status"] == "FAIL" and f"agreement with fp8: {agreed}/{len(answers)}" in low["summary"]
+    first = checks.check_eval(answers, "auto", [], 0.9, "x.json")
+    assert first["status"] == "PASS" and "no answers for another KV-cache dtype yet" in first["summary"]
+    assert checks.check_eval(None, "auto", [], 0.9, None)["status"] == "SKIP"
+
+
+def test_eval_parse_reads_the_example_set_and_names_bad_lines():
+    path = REPO / "inventories/testbed/eval.jsonl"
+    assert len(checks.eval_parse(path.read_text(), str(path))) == 4
+    for bad, message in [('{"prompt": "a"}\nnot json\n', "line 2 is not JSON"),
+                         ('{"question": "a"}\n', "'prompt' must be a non-empty string"),
+                         ('{"prompt": "a", "expected": 4}\n', "'expected' must be a string"),
+                         ('{"prompt": "a"}\n{"prompt": "a"}\n', "duplicated prompt"), ("# nothing\n", "no prompts")]:
+        with pytest.raises(AnsibleFilterError, match=message):
+            checks.eval_parse(bad, "eval.jsonl")
+
+
+def test_eval_answers_refuse_a_failed_request():
+    ok = [{"item": {"prompt": "a", "expected": "4"}, "status": 200,
+           "json": {"choices": [{"message": {"role": "assistant", "content": "4"}}]}}]
+    assert checks.eval_answers(ok) == [{"prompt": "a", "expected": "4", "answer": "4"}]
+    refused = [{"item": {"prompt": "c"}, "status": 429, "json": data("limited.json")["json"]}]
     with pytest.raises(AnsibleFilterError, match="prompt 'c' got HTTP 429"):
-        filters.teamserve_verify_eval_answers(refused)
+        checks.eval_answers(refused)
 
 
-def test_eval_compare_reports_one_row_per_other_dtype():
-    current = [{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": "y"}]
-    others = [{"kv_cache_dtype": "fp8", "at": "2026-11-30T12:00:00Z",
-               "answers": [{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": "z"}]},
-              {"kv_cache_dtype": "bfloat16", "at": "2026-11-29T12:00:00Z", "answers": current}]
-    rows = filters.teamserve_verify_eval_compare(current, others)
-    assert [(r["kv_cache_dtype"], r["agreed"], r["compared"], r["rate"]) for r in rows] == [
-        ("bfloat16", 2, 2, 1.0), ("fp8", 1, 2, 0.5)]
+# --- check 9 ------------------------------------------------------------------------------------------------
+
+def test_outside_probe_fails_on_a_connection_and_skips_without_a_host():
+    probes = data("probes.json")  # 8443 answered from the LAN, port 9 refused
+    connected = checks.check_outside("outside-host", 8443, probes[:1])
+    assert connected["status"] == "FAIL" and connected["measured"]["connected"] == [8443]
+    refused = checks.check_outside("outside-host", 9, probes[1:])
+    assert refused["status"] == "PASS" and refused["measured"]["refused_or_timed_out"] == [9]
+    assert checks.check_outside("host", 8443, [])["status"] == "FAIL"  # nothing probed proves nothing
+    assert checks.check_outside("", 8443, None)["status"] == "SKIP"
+
+
+def test_host_addresses_skip_loopback_and_container_bridges():
+    facts = {
+        "interfaces": ["lo", "eth0", "eth1", "docker0", "br-1a2b", "veth9f"],
+        "lo": {"ipv4": {"address": "127.0.0.1"}},
+        "eth0": {"ipv4": {"address": "10.231.0.10"}, "ipv4_secondaries": [{"address": "10.231.0.11"}],
+                 "ipv6": [{"address": "fe80::1", "scope": "link"}, {"address": "2001:db8::10", "scope": "global"}]},
+        "eth1": {"ipv4": {"address": "10.232.0.10"}},
+        "docker0": {"ipv4": {"address": "172.17.0.1"}},
+        "br_1a2b": {"ipv4": {"address": "172.18.0.1"}},
+        "veth9f": {},
+    }
+    assert checks.host_addresses(facts) == ["10.231.0.10", "10.231.0.11", "10.232.0.10", "2001:db8::10"]
+
+
+# --- the report ---------------------------------------------------------------------------------------------
+
+def test_table_and_merge():
+    results = checks.merge([], checks.check_limits("", None, None, "bob", None))
+    results = checks.merge(results, checks.failed([3, 4], {"msg": "x"}, {"name": "t"}))
+    results = checks.merge(results, checks.check_cold_start(False, None))
+    results = checks.merge(results, checks.failed(3, {"msg": "again"}))  # a later record replaces the earlier
+    assert sorted(r["id"] for r in results) == [3, 4, 6, 7]
+    lines = checks.table(results)
+    assert [line.split()[0] for line in lines[2:6]] == ["3", "4", "6", "7"]
+    assert "again" in lines[2] and lines[-1] == "0 passed, 2 failed, 2 skipped"

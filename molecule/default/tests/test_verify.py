@@ -44,6 +44,9 @@ def test_every_check_is_reported_once_and_the_run_passed(report, checks):
 
 def test_capacity_and_engine(checks):
     assert checks[1]["status"] == "PASS" and checks[1]["measured"]["max_concurrency_at_avg_context"] >= 8
+    # the CPU engine logged its KV cache size ("CPU KV cache size: N tokens"); it holds 8 x 1,000 tokens
+    kv = checks[1]["measured"]["engine_kv_cache"]
+    assert kv["device"] == "CPU" and kv["tokens"] >= 8 * 1000
     engine = checks[2]
     assert engine["status"] == "PASS"
     assert engine["measured"]["argv"] == engine["target"]["argv"]

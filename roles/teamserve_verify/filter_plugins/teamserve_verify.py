@@ -1,111 +1,294 @@
-"""Filters of the teamserve_verify role: parse what the checks measured and render the report.
+"""The deployment checklist's verdicts: one function per check, from the inputs the role gathered.
 
-Plain functions without Ansible logic in them (only AnsibleFilterError for bad input), so
-``tests/unit/test_verify_filters.py`` tests them directly:
+Each ``check_*`` function takes what Ansible measured on the box (bench results, ``/metrics`` text, the
+engine log, HTTP answers, module results) and returns one record::
 
-- ``teamserve_verify_metric`` / ``teamserve_verify_histogram``: read the engine's Prometheus text
-  (``GET /metrics``, exposition format 0.0.4: https://prometheus.io/docs/instrumenting/exposition_formats/).
-- ``teamserve_verify_queue``: how many requests waited in the engine's queue between two scrapes, from the
-  ``vllm:request_queue_time_seconds`` histogram (vLLM 0.32 ``vllm/v1/metrics/loggers.py``: "time spent in
-  WAITING phase for request", observed once per finished request).
-- ``teamserve_verify_bench``: the numbers the checklist needs from a ``vllm bench serve --save-result``
-  JSON (keys ``p<N>_<metric>_ms``, ``completed``, ``failed``, ``errors``: vLLM 0.32
-  ``vllm/benchmarks/serve.py``), converted to seconds.
-- ``teamserve_verify_eval_parse`` / ``teamserve_verify_agreement`` / ``teamserve_verify_expected_match``:
-  the admin's evaluation set (JSONL) and the comparison of answers between KV-cache dtypes.
-- ``teamserve_verify_host_addresses``: the host's own LAN/WAN addresses to probe from outside.
-- ``teamserve_verify_table``: the pass/fail table people read.
+    {"id": int, "name": str, "status": "PASS" | "FAIL" | "SKIP", "summary": str,
+     "measured": {...}, "target": {...}, "reason": str (SKIP only)}
+
+Times are seconds, sizes tokens, unless a key says otherwise. The tasks only gather and report; every
+threshold and verdict is here, so ``tests/unit/test_verify.py`` tests them with real captured inputs.
+
+The ``/metrics`` and start-up log parsers are the project's shared ones in ``module_utils/`` (configured
+in ansible.cfg ``module_utils``), which the modules on the box import too.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
+import sys
+from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
+from ansible import constants as C
 from ansible.errors import AnsibleFilterError
 
-# One sample line: name{labels} value [timestamp]. Label values may hold escaped quotes.
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)(?:\s+\S+)?$')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+Record = dict[str, Any]
+
+NAMES = {
+    1: "capacity arithmetic",
+    2: "engine, model and flags at the pin",
+    3: "TTFT and TPOT targets",
+    4: "load test at 1x and 2x",
+    5: "long prompt while others stream",
+    6: "per-user rate limits",
+    7: "cold start",
+    8: "own evaluation set",
+    9: "unreachable from outside the LAN",
+}
+QUEUE_HISTOGRAM = "vllm:request_queue_time_seconds"
 # Interfaces whose addresses are not the host's own network presence (loopback, container bridges and
-# their veth ends): an outside probe of them would leave the testbed/LAN for an unrelated network.
+# their veth ends): an outside probe of them would leave the LAN for an unrelated network.
 _INTERNAL_IFACES = re.compile(r"^(lo|docker\d*|br-.*|veth.*|virbr.*|cni.*|flannel.*|cali.*|tun.*|tap.*)$")
 
 
-def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Parse Prometheus text exposition into (name, labels, value) tuples; comments are skipped.
+def shared(name: str) -> ModuleType:
+    """Import ``<module_utils path>/<name>.py`` on the controller (modules get it through AnsiballZ).
 
-    Raises AnsibleFilterError when ``text`` is not a string.
+    Looks in the directories of Ansible's ``module_utils`` setting (ansible.cfg). Raises
+    AnsibleFilterError naming the setting when the file is not found.
     """
-    if not isinstance(text, str):
-        raise AnsibleFilterError(f"teamserve_verify: expected the /metrics text, got {type(text).__name__}")
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
+    key = f"ansible.module_utils.{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    for directory in C.DEFAULT_MODULE_UTILS_PATH or []:
+        spec = importlib.util.spec_from_file_location(key, f"{directory}/{name}.py")
+        if spec is None or spec.loader is None:
             continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        labels = dict(_LABEL.findall(match.group(2) or ""))
+        module = importlib.util.module_from_spec(spec)
         try:
-            value = float(match.group(3))
-        except ValueError:
+            spec.loader.exec_module(module)
+        except FileNotFoundError:
             continue
-        out.append((match.group(1), labels, value))
-    return out
+        sys.modules[key] = module
+        return module
+    raise AnsibleFilterError(f"{name}.py is not in the module_utils paths {C.DEFAULT_MODULE_UTILS_PATH}; "
+                             "run with the project's ansible.cfg (module_utils = module_utils)")
 
 
-def teamserve_verify_metric(text: str, name: str) -> float | None:
-    """Sum of every sample named exactly ``name`` (all label sets, e.g. one per engine); None if absent.
+def record(check_id: int, status: str, summary: str, **details: Any) -> Record:
+    """A check's record: id, its name, PASS/FAIL/SKIP, a one-line summary, then ``details``."""
+    return {"id": check_id, "name": NAMES[check_id], "status": status, "summary": " ".join(summary.split()),
+            **details}
 
-    Units are the metric's own (vLLM gauges such as ``vllm:num_requests_waiting`` count requests).
+
+def skipped(check_id: int, summary: str, reason: str) -> Record:
+    """A SKIP record; ``reason`` names the setting that skipped it."""
+    return record(check_id, "SKIP", summary, reason=reason)
+
+
+def failed(checks: Any, result: Any = None, task: Any = None, measured: Any = None) -> list[Record]:
+    """FAIL records for checks whose gathering stopped with an error (a task failed).
+
+    ``checks``: one id or a list of ids; ``result``: the failed task's result (``ansible_failed_result``);
+    ``task``: the failed task (``ansible_failed_task``). The summary is the task's name and the last
+    non-empty line of its message (a program's traceback ends with the error); a failed
+    ``vllm bench serve`` container reports its exit status.
     """
-    values = [value for sample, _, value in _samples(text) if sample == name]
-    return sum(values) if values else None
+    result = result if isinstance(result, Mapping) else {}
+    name = str((task or {}).get("name") or "") if isinstance(task, Mapping) else ""
+    lines = [line for line in str(result.get("msg") or "").splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "failed"
+    if "vllm bench serve" in name and isinstance(result.get("status"), int):
+        summary = f"vllm bench serve exited with status {result['status']}: {last}"
+    else:
+        summary = f"{name}: {last}" if name else last
+    ids = checks if isinstance(checks, Sequence) and not isinstance(checks, str) else [checks]
+    extra = {"measured": measured} if measured else {}
+    return [record(int(i), "FAIL", summary[:300], **extra) for i in ids]
 
 
-def teamserve_verify_histogram(text: str, name: str) -> dict[str, Any]:
-    """A Prometheus histogram summed over its label sets.
+def _flag(argv: Sequence[Any], name: str) -> str | None:
+    """The value of ``--name`` in an argv (``--name value`` or ``--name=value``); None when absent."""
+    items = [str(a) for a in argv]
+    for index, item in enumerate(items):
+        if item == f"--{name}" and index + 1 < len(items):
+            return items[index + 1]
+        if item.startswith(f"--{name}="):
+            return item.split("=", 1)[1]
+    return None
 
-    Returns ``{"count": float, "sum": float, "buckets": {upper_bound (float, inf allowed): cumulative
-    count}}``; all zero/empty when the histogram is absent. ``name`` is the base name without the
-    ``_bucket``/``_count``/``_sum`` suffix.
+
+def _unpinned(image: str) -> str:
+    """``repo:tag@digest`` -> ``repo@digest``, the reference the vllm role runs the engine from."""
+    name, _, digest = str(image).partition("@")
+    repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    return f"{repo}@{digest}" if digest else repo
+
+
+def engine(container: Any) -> dict[str, Any]:
+    """What the checks need from the running engine container (``docker_container_info``'s ``container``).
+
+    Returns ``running`` (bool), ``started_at`` (Docker's RFC 3339 time), ``started_epoch`` (seconds), ``argv``,
+    ``image``,    ``metrics_url`` (the published API port on the box, ``http://host:port/metrics``), ``hf_cache`` (host
+    directory mounted as the HF cache, or None) and ``kv_cache_dtype`` (``--kv-cache-dtype``, vLLM's
+    default ``auto``). Raises AnsibleFilterError when the container does not exist or publishes no port.
     """
-    result: dict[str, Any] = {"count": 0.0, "sum": 0.0, "buckets": {}}
-    for sample, labels, value in _samples(text):
-        if sample == f"{name}_count":
-            result["count"] += value
-        elif sample == f"{name}_sum":
-            result["sum"] += value
-        elif sample == f"{name}_bucket" and "le" in labels:
-            bound = float(labels["le"])  # "+Inf" parses to inf
-            result["buckets"][bound] = result["buckets"].get(bound, 0.0) + value
-    return result
+    if not isinstance(container, Mapping) or not container:
+        raise AnsibleFilterError("the engine container does not exist; converge site.yml first")
+    argv = list((container.get("Config") or {}).get("Cmd") or [])
+    port = _flag(argv, "port") or "8000"
+    bindings = ((container.get("HostConfig") or {}).get("PortBindings") or {}).get(f"{port}/tcp") or []
+    if not bindings:
+        raise AnsibleFilterError(f"the engine container publishes no host port for its API port {port}")
+    host = bindings[0].get("HostIp") or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    started = (container.get("State") or {}).get("StartedAt") or ""
+    mounts = container.get("Mounts") or []
+    hf_cache = next((m.get("Source") for m in mounts if m.get("Destination") == "/root/.cache/huggingface"), None)
+    return {
+        "running": bool((container.get("State") or {}).get("Running")),
+        "started_at": started,
+        "started_epoch": shared("teamserve_vllm_log").parse_docker_time(started) if started else None,
+        "argv": argv,
+        "image": (container.get("Config") or {}).get("Image"),
+        "metrics_url": f"http://{host}:{bindings[0].get('HostPort')}/metrics",
+        "hf_cache": hf_cache,
+        "kv_cache_dtype": _flag(argv, "kv-cache-dtype") or "auto",
+    }
 
 
-def teamserve_verify_queue(before: str, after: str, threshold_seconds: float | None = None,
-                           name: str = "vllm:request_queue_time_seconds") -> dict[str, Any]:
+# --- check 1 ---------------------------------------------------------------------------------------------
+
+def check_capacity(plan: Any, engine_log: str | None, tolerance: float = 0.10) -> Record:
+    """Check 1: the plan fits, and the KV cache the engine allocated matches the plan.
+
+    ``plan``: the vllm role's ``vllm_plan`` (the capacity planner's dict: fits, verdict, levers, numbers).
+    ``engine_log``: the engine's log since its start (its "GPU/CPU KV cache size: N tokens" line).
+    ``tolerance``: largest relative difference between the logged and the planned KV tokens. The default
+    0.10 comes from benchmarks/capacity/README.md: the planner's KV memory, derived from the GPU's total
+    memory, utilisation and weights, is off by 0.69 % median and 8.2 % at most over 10 public logs, and KV
+    tokens scale with it (from the logged KV memory the tokens are within 0.1 %).
+    A CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not GPU memory, so the GPU plan's count does
+    not apply: the logged cache must then hold the workload (concurrent sequences x average context).
+    A log without the line (rotated away since the start) leaves the verdict to the plan.
+    """
+    if not isinstance(plan, Mapping) or "numbers" not in plan:
+        return record(1, "FAIL", "no capacity plan (the vllm role could not compute one)")
+    n = plan["numbers"]
+    ok = bool(plan.get("fits"))
+    planned = int(n.get("kv_tokens") or 0)
+    need = int(n["concurrent_sequences"]) * int(n["avg_context_tokens"])
+    kv = shared("teamserve_vllm_log").kv_cache_size(engine_log or "")
+    error = None
+    if kv is None:
+        kv_text = "the engine log has no KV cache size line since its start (rotated away?): not compared"
+    elif kv["device"] == "GPU":
+        error = round((planned - kv["tokens"]) / kv["tokens"], 4) if kv["tokens"] else math.inf
+        ok = ok and abs(error) <= tolerance
+        kv_text = (f"engine's GPU KV cache {kv['tokens']:,} tokens, plan {planned:,} "
+                   f"({100 * error:+.1f} %, tolerance {100 * tolerance:.0f} %)")
+    else:
+        ok = ok and kv["tokens"] >= need
+        kv_text = (f"engine's {kv['device']} KV cache {kv['tokens']:,} tokens (sized by the {kv['device']} build, "
+                   f"not the GPU plan) {'holds' if kv['tokens'] >= need else 'does NOT hold'} "
+                   f"{n['concurrent_sequences']} x {n['avg_context_tokens']:,} = {need:,} tokens")
+    return record(
+        1, "PASS" if ok else "FAIL", f"{plan.get('verdict')}; {kv_text}",
+        measured={
+            "gpus": f"{n.get('gpu_count')} x {n.get('gpu')}",
+            "kv_budget_gib": n.get("kv_budget_gib"),
+            "kv_bytes_per_token": n.get("kv_bytes_per_token"),
+            "max_concurrency_at_avg_context": n.get("max_concurrency_avg"),
+            "max_concurrency_at_max_context": n.get("max_concurrency_max"),
+            "plan_kv_tokens": planned,
+            "engine_kv_cache": kv,
+            "kv_tokens_error": error,
+        },
+        target={
+            "concurrent_sequences": n.get("concurrent_sequences"),
+            "avg_context_tokens": n.get("avg_context_tokens"),
+            "max_context_tokens": n.get("max_model_len"),
+            "kv_tokens_tolerance": tolerance,
+        },
+        levers=[] if plan.get("fits") else list(plan.get("levers") or []),
+    )
+
+
+# --- check 2 ---------------------------------------------------------------------------------------------
+
+def check_engine(running: Any, argv: Any, image: str, served_model_name: str, vllm_version: Any,
+                 models: Any) -> Record:
+    """Check 2: the engine runs the planned argv from the pinned image and the gateway lists the model.
+
+    ``running``: :func:`engine` of the running container. ``argv``: the planned ``vllm_argv`` (every flag
+    already checked against the pinned vLLM's option snapshot when it was rendered). ``image``: the pin
+    ``repo:tag@digest``. ``models``: the ``uri`` result of ``GET /v1/models`` through the gateway.
+    """
+    if argv is None:
+        return record(2, "FAIL", "no planned argv to compare with (the vllm role could not compute the plan)")
+    planned = [str(a) for a in argv]
+    pinned = _unpinned(image)
+    models = models if isinstance(models, Mapping) else {}
+    body = models.get("json") if isinstance(models.get("json"), Mapping) else {}
+    served = [m.get("id") for m in body.get("data") or [] if isinstance(m, Mapping)]
+    is_running = bool(running.get("running"))
+    argv_ok = running.get("argv") == planned
+    image_ok = running.get("image") == pinned
+    listed = served_model_name in served
+    flags = sum(1 for a in planned if a.startswith("--"))
+    return record(
+        2, "PASS" if is_running and argv_ok and image_ok and listed else "FAIL",
+        f"vLLM {vllm_version}: container {'running' if is_running else 'NOT running'}, "
+        f"argv {'equals the plan' if argv_ok else 'DIFFERS from the plan'} ({flags} flags in the {vllm_version} "
+        f"option snapshot), image {'pinned digest' if image_ok else 'NOT the pinned digest'}, /v1/models via "
+        f"gateway (HTTP {models.get('status', 'none')}) {'lists' if listed else 'does NOT list'} '{served_model_name}'",
+        measured={"running": is_running, "argv": running.get("argv"), "image": running.get("image"),
+                  "gateway_models": served},
+        target={"vllm_version": vllm_version, "argv": planned, "image": pinned,
+                "served_model_name": served_model_name},
+    )
+
+
+# --- checks 3 and 4 ----------------------------------------------------------------------------------------
+
+def bench_inputs(plan: Any, workload: Any, model: Any, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """What ``vllm bench serve`` is run with: ``input_tokens``, ``concurrencies`` (1x and 2x), ``tokenizer``.
+
+    ``input_tokens`` 0 means the workload's average context minus ``output_tokens``; either way capped so
+    prompt plus output fit ``--max-model-len``. The tokenizer is read offline from the engine's HF cache: a
+    repo pinned to a commit from its snapshot directory (huggingface_hub's cache layout
+    hub/models--OWNER--NAME/snapshots/REVISION), a local path as it is. Raises AnsibleFilterError when no
+    prompt fits.
+    """
+    max_len = int((plan or {}).get("flags", {}).get("max-model-len") or workload["max_context_tokens"])
+    wanted = int(input_tokens) if int(input_tokens) > 0 else int(workload["avg_context_tokens"]) - int(output_tokens)
+    tokens = min(wanted, max_len - int(output_tokens) - 1)
+    if tokens < 1:
+        raise AnsibleFilterError(
+            f"teamserve_verify_bench_output_tokens={output_tokens} leaves no room for a prompt within the average "
+            f"context ({workload['avg_context_tokens']}) and --max-model-len {max_len}; lower it or set "
+            "teamserve_verify_bench_input_tokens")
+    name, revision = str(model["name"]), str(model.get("revision") or "")
+    tokenizer = name if name.startswith("/") or not revision else (
+        f"/root/.cache/huggingface/hub/models--{name.replace('/', '--')}/snapshots/{revision}")
+    concurrency = int(workload["concurrent_sequences"])
+    return {"input_tokens": tokens, "output_tokens": int(output_tokens), "tokenizer": tokenizer,
+            "concurrencies": [concurrency, 2 * concurrency]}
+
+
+def queue(before: str, after: str, threshold_seconds: float | None = None) -> dict[str, Any]:
     """Requests that finished between two ``/metrics`` scrapes and how long they waited to be scheduled.
 
-    ``threshold_seconds`` (seconds) picks the histogram bucket that separates "admitted at once" from
-    "queued"; it is rounded up to the nearest bucket bound, and defaults to the smallest bound (vLLM 0.32's
-    request-latency buckets start at 0.3 s). Returns ``requests`` (finished requests seen), ``queued``
-    (requests that waited longer than the threshold), ``threshold_seconds`` (the bound actually used),
-    ``mean_wait_seconds`` and ``waited_seconds_total``. Raises AnsibleFilterError when the scrapes do not
-    contain the histogram or its counter went backwards (the engine restarted in between).
+    From ``vllm:request_queue_time_seconds`` (vLLM 0.32 ``vllm/v1/metrics/loggers.py``: time in the WAITING
+    phase, observed once per finished request). ``threshold_seconds`` is rounded up to a bucket bound
+    (default the smallest; vLLM 0.32's start at 0.3 s). Returns ``requests``, ``queued`` (waited longer than
+    the threshold), ``threshold_seconds`` (the bound used), ``waited_seconds_total``, ``mean_wait_seconds``.
+    Raises AnsibleFilterError when the histogram is missing or its count went down (the engine restarted).
     """
-    first = teamserve_verify_histogram(before, name)
-    second = teamserve_verify_histogram(after, name)
+    prom = shared("teamserve_prometheus")
+    first, second = prom.histogram(before, QUEUE_HISTOGRAM), prom.histogram(after, QUEUE_HISTOGRAM)
     if not second["buckets"]:
-        raise AnsibleFilterError(f"teamserve_verify_queue: /metrics has no {name} histogram")
+        raise AnsibleFilterError(f"/metrics has no {QUEUE_HISTOGRAM} histogram")
     requests = second["count"] - first["count"]
     if requests < 0:
-        raise AnsibleFilterError(f"teamserve_verify_queue: {name}_count went down ({first['count']} -> "
-                                 f"{second['count']}): the engine restarted between the two scrapes")
-    finite = sorted(bound for bound in second["buckets"] if not math.isinf(bound))
+        raise AnsibleFilterError(f"{QUEUE_HISTOGRAM}_count went down ({first['count']} -> {second['count']}): "
+                                 "the engine restarted between the two scrapes")
+    finite = sorted(b for b in second["buckets"] if not math.isinf(b))
     if threshold_seconds is None:
         bound = finite[0] if finite else math.inf
     else:
@@ -115,28 +298,27 @@ def teamserve_verify_queue(before: str, after: str, threshold_seconds: float | N
     return {
         "requests": int(round(requests)),
         "queued": int(round(requests - admitted)),
-        "threshold_seconds": bound if not math.isinf(bound) else None,
+        "threshold_seconds": None if math.isinf(bound) else bound,
         "waited_seconds_total": round(waited, 4),
         "mean_wait_seconds": round(waited / requests, 4) if requests else None,
     }
 
 
-def _seconds(result: dict[str, Any], key: str) -> float | None:
+def _ms_to_s(result: Mapping[str, Any], key: str) -> float | None:
     value = result.get(key)
     return round(float(value) / 1000.0, 5) if isinstance(value, (int, float)) else None
 
 
-def teamserve_verify_bench(result: Any, percentiles: Any = (50, 95, 99)) -> dict[str, Any]:
-    """Summarise a ``vllm bench serve --save-result`` JSON (dict) in seconds.
+def bench(result: Any) -> dict[str, Any]:
+    """The numbers of a ``vllm bench serve --save-result`` JSON, in seconds.
 
-    Picks ``completed``, ``failed``, ``duration`` (s), ``request_throughput`` (req/s),
-    ``output_throughput`` (tokens/s), ``max_concurrency`` and, for ttft/tpot/itl/e2el, the requested
-    percentiles (``p<N>_<metric>_ms`` in the bench's JSON, converted from ms to s) plus the median.
-    ``errors`` lists up to three distinct non-empty error strings (truncated to 200 characters).
-    Raises AnsibleFilterError when ``result`` is not a dict or has no ``completed`` count.
+    Keys of vLLM 0.32 ``vllm/benchmarks/serve.py``: ``completed``, ``failed``, ``num_prompts``,
+    ``max_concurrency``, ``duration`` (s), ``request_throughput`` (req/s), ``output_throughput`` (tokens/s),
+    ``median_/p50_/p95_/p99_<ttft|tpot|itl|e2el>_ms`` (converted to seconds) and up to three distinct
+    ``errors``. Raises AnsibleFilterError when ``result`` is not such a JSON.
     """
-    if not isinstance(result, dict) or "completed" not in result:
-        raise AnsibleFilterError("teamserve_verify_bench: not a vllm bench serve result (no 'completed' key)")
+    if not isinstance(result, Mapping) or "completed" not in result:
+        raise AnsibleFilterError("not a vllm bench serve result (no 'completed' key)")
     summary: dict[str, Any] = {
         "completed": int(result.get("completed") or 0),
         "failed": int(result.get("failed") or 0),
@@ -147,28 +329,187 @@ def teamserve_verify_bench(result: Any, percentiles: Any = (50, 95, 99)) -> dict
         "output_throughput": round(float(result.get("output_throughput") or 0.0), 2),
     }
     for metric in ("ttft", "tpot", "itl", "e2el"):
-        values = {"median": _seconds(result, f"median_{metric}_ms")}
-        for pct in percentiles:
-            word = str(int(pct)) if float(pct) == int(pct) else str(pct)
-            values[f"p{word}"] = _seconds(result, f"p{word}_{metric}_ms")
-        summary[f"{metric}_seconds"] = values
+        summary[f"{metric}_seconds"] = {"median": _ms_to_s(result, f"median_{metric}_ms"),
+                                        **{p: _ms_to_s(result, f"{p}_{metric}_ms") for p in ("p50", "p95", "p99")}}
     errors: list[str] = []
     for error in result.get("errors") or []:
-        text = str(error or "").strip()
-        if text and text[:200] not in errors:
-            errors.append(text[:200])
-        if len(errors) == 3:
-            break
+        text = str(error or "").strip()[:200]
+        if text and text not in errors and len(errors) < 3:
+            errors.append(text)
     summary["errors"] = errors
     return summary
 
 
-def teamserve_verify_eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[dict[str, Any]]:
+def bench_run(concurrency: int, result: Any, metrics_before: str, metrics_after: str,
+              threshold_seconds: float | None) -> dict[str, Any]:
+    """One bench run as the report keeps it: ``concurrency``, ``bench`` (:func:`bench`), ``queue``
+    (:func:`queue` between the scrapes around the run) and ``waiting_after`` (requests still waiting)."""
+    return {"concurrency": int(concurrency), "bench": bench(result),
+            "queue": queue(metrics_before, metrics_after, threshold_seconds),
+            "waiting_after": shared("teamserve_prometheus").value(metrics_after, "vllm:num_requests_waiting")}
+
+
+def check_targets(runs: Any, workload: Any) -> Record:
+    """Check 3: TTFT p95 and TPOT p95 of the 1x run against ``vllm_workload``'s targets (seconds).
+
+    Judged at p95, TPOT as well as TTFT: the target is what 19 in 20 requests must meet, and a median
+    hides the slow streams people complain about. ``runs``: :func:`bench_run` results, 1x first.
+    """
+    if not runs:
+        return record(3, "FAIL", "no bench run")
+    run = runs[0]
+    b = run["bench"]
+    ttft, tpot = b["ttft_seconds"]["p95"], b["tpot_seconds"]["p95"]
+    ttft_target, tpot_target = float(workload["ttft_p95_seconds"]), float(workload["tpot_seconds"])
+    ok = (b["failed"] == 0 and b["completed"] > 0 and ttft is not None and tpot is not None
+          and ttft <= ttft_target and tpot <= tpot_target)
+    return record(
+        3, "PASS" if ok else "FAIL",
+        f"at {run['concurrency']} concurrent: TTFT p95 {ttft} s (target {ttft_target}), TPOT p95 {tpot} s "
+        f"(target {tpot_target}), {b['completed']}/{b['num_prompts']} ok",
+        measured={"concurrency": run["concurrency"], "ttft_p95_seconds": ttft, "tpot_p95_seconds": tpot,
+                  "completed": b["completed"], "failed": b["failed"]},
+        target={"ttft_p95_seconds": ttft_target, "tpot_p95_seconds": tpot_target, "failed": 0},
+    )
+
+
+def check_load(runs: Any, inputs: Any, workload: Any) -> Record:
+    """Check 4: both runs (1x and 2x the expected concurrency) served every request.
+
+    A batching server under twice the load should queue, not fail; the percentiles and how many requests
+    queued in the engine are reported. ``runs``: :func:`bench_run` results; ``inputs``: :func:`bench_inputs`.
+    """
+    runs = list(runs or [])
+    ok = len(runs) == 2 and all(r["bench"]["failed"] == 0 and r["bench"]["completed"] > 0 for r in runs)
+    parts = []
+    for r in runs:
+        b, q = r["bench"], r["queue"]
+        parts.append(
+            f"{r['concurrency']} concurrent: TTFT p50/p95/p99 {b['ttft_seconds']['p50']}/{b['ttft_seconds']['p95']}/"
+            f"{b['ttft_seconds']['p99']} s, TPOT p50/p95 {b['tpot_seconds']['p50']}/{b['tpot_seconds']['p95']} s, "
+            f"{b['completed']}/{b['num_prompts']} ok, {q['queued']} of the {q['requests']} requests the engine "
+            f"finished meanwhile queued > {q['threshold_seconds']} s")
+    return record(
+        4, "PASS" if ok else "FAIL", "; ".join(parts or ["no bench run"]) + " (target: every request served)",
+        measured={"input_tokens": inputs["input_tokens"], "output_tokens": inputs["output_tokens"], "runs": runs},
+        target={"failed": 0, "ttft_p95_seconds": float(workload["ttft_p95_seconds"]),
+                "tpot_p95_seconds": float(workload["tpot_seconds"])},
+    )
+
+
+# --- check 5 ---------------------------------------------------------------------------------------------
+
+def long_prompt_inputs(plan: Any, workload: Any, model: Any, streams: int, tokens: int) -> dict[str, Any]:
+    """The long-prompt measurement's inputs: ``streams`` (0 = concurrent sequences - 1, at least 1),
+    ``tokens`` (0 = ``--max-model-len`` - 8), ``max_len`` and ``vocab_size`` (token ids are drawn below it).
+
+    Raises AnsibleFilterError when the model config has no vocab_size or the prompt does not fit.
+    """
+    max_len = int((plan or {}).get("flags", {}).get("max-model-len") or workload["max_context_tokens"])
+    config = model.get("config") or {}
+    vocab = int(config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 0)
+    tokens = int(tokens) if int(tokens) > 0 else max_len - 8
+    if vocab <= 1:
+        raise AnsibleFilterError("vllm_model.config has no vocab_size (needed to build a prompt of token ids)")
+    if tokens >= max_len:
+        raise AnsibleFilterError(f"teamserve_verify_long_prompt_tokens={tokens} must be below --max-model-len "
+                                 f"{max_len}")
+    return {"streams": int(streams) if int(streams) > 0 else max(int(workload["concurrent_sequences"]) - 1, 1),
+            "tokens": tokens, "max_len": max_len, "vocab_size": vocab,
+            "stream_max_tokens": min(1024, max_len - 64)}
+
+
+def check_long_prompt(result: Any, max_stall_seconds: float) -> Record:
+    """Check 5: others keep streaming while a near-maximum prompt is prefilled.
+
+    ``result``: the ``teamserve_verify_long_prompt`` module's result (ITL of the other streams before and
+    during the prefill, seconds). PASS when no other stream paused longer than ``max_stall_seconds`` and
+    every stream kept going. With chunked prefill a pause is one batch; without it, the whole prefill.
+    """
+    r = {k: v for k, v in dict(result or {}).items() if k not in ("changed", "failed", "invocation")}
+    longest = (r.get("during") or {}).get("max")
+    ok = (longest is not None and float(longest) <= float(max_stall_seconds)
+          and r.get("streams_alive_after") == r.get("streams"))
+    before, during = r.get("before") or {}, r.get("during") or {}
+    return record(
+        5, "PASS" if ok else "FAIL",
+        f"{r.get('streams')} others' ITL p50/p99 {before.get('p50')}/{before.get('p99')} s before, "
+        f"{during.get('p50')}/{during.get('p99')} s during the {r.get('long_prompt_tokens')}-token prefill "
+        f"({r.get('long_prompt_ttft_seconds')} s); longest pause {longest} s (target <= {max_stall_seconds} s), "
+        f"{r.get('streams_alive_after')}/{r.get('streams')} streams kept going",
+        measured=r, target={"max_stall_seconds": float(max_stall_seconds), "streams_alive_after": r.get("streams")},
+    )
+
+
+# --- check 6 ---------------------------------------------------------------------------------------------
+
+def check_limits(limited_user: str, rate_limit: Any, limited: Any, other_user: str, other: Any) -> Record:
+    """Check 6: one user's exhausted rate limit refuses them (429 with Retry-After), another user gets 200.
+
+    ``limited``: the ``uri`` result of the requests sent as ``limited_user`` until a 429 (``attempts``,
+    ``status``, ``retry_after``, ``content``); ``other``: the ``uri`` result of one request as
+    ``other_user``. SKIP when ``limited_user`` is empty.
+    """
+    if not limited_user:
+        return skipped(6, "no test user to exhaust; set teamserve_verify_limited_user (their key is refused for "
+                          "one window)", "teamserve_verify_limited_user is empty")
+    limited, other = dict(limited or {}), dict(other or {})
+    status, attempts = limited.get("status"), limited.get("attempts", 1)
+    retry_after = str(limited.get("retry_after") or "")
+    try:
+        code = (json.loads(limited.get("content") or "{}").get("error") or {}).get("code")
+    except (ValueError, AttributeError):
+        code = None
+    if status != 429:
+        return record(6, "FAIL", f"no 429 for {limited_user} after {attempts} requests (last HTTP {status}): the "
+                                 "rate limit is not enforced",
+                      measured={"limited_user": limited_user, "limited_status": status, "limited_requests": attempts},
+                      target={"limited_status": 429, "rate_limit": rate_limit})
+    ok = bool(retry_after) and other.get("status") == 200
+    return record(
+        6, "PASS" if ok else "FAIL",
+        f"{limited_user} ({rate_limit['events']}/{rate_limit['window']}): HTTP {status} after {attempts} requests, "
+        f"Retry-After {retry_after or 'MISSING'}; {other_user} then got HTTP {other.get('status', 'none')} "
+        "(target 429 vs 200)",
+        measured={"limited_user": limited_user, "limited_status": status, "limited_requests": attempts,
+                  "retry_after": retry_after, "limited_error_code": code, "other_user": other_user,
+                  "other_status": other.get("status")},
+        target={"limited_status": 429, "other_status": 200, "rate_limit": rate_limit},
+    )
+
+
+# --- check 7 ---------------------------------------------------------------------------------------------
+
+def check_cold_start(enabled: bool, result: Any) -> Record:
+    """Check 7: a restart's time to /health is within the budget and no regression on the previous one.
+
+    ``result``: the vllm role's ``vllm_cold_start_result`` (``seconds_to_health``, ``seconds_to_first_token``,
+    ``budget_seconds``, ``regression``, ``verdict``, phases). SKIP when ``enabled`` is false.
+    """
+    if not enabled:
+        return skipped(7, "not measured (teamserve_verify_cold_start is false); it restarts the engine",
+                       "teamserve_verify_cold_start is false")
+    cs = dict(result or {})
+    if cs.get("seconds_to_health") is None:
+        return record(7, "FAIL", "the engine restart was not measured", measured=cs)
+    budget = float(cs.get("budget_seconds") or 0)
+    ok = float(cs["seconds_to_health"]) <= budget and not cs.get("regression")
+    return record(
+        7, "PASS" if ok else "FAIL",
+        f"{cs.get('verdict') or str(cs['seconds_to_health']) + ' s to /health'}; "
+        f"{cs.get('seconds_to_first_token', '?')} s to the first token through the gateway (budget {budget:.0f} s)",
+        measured=cs, target={"budget_seconds": budget, "regression": False},
+    )
+
+
+# --- check 8 ---------------------------------------------------------------------------------------------
+
+def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[dict[str, Any]]:
     """Parse an evaluation set: JSON Lines of ``{"prompt": str, "expected": str (optional)}``.
 
-    Blank lines and lines starting with ``#`` are skipped. Raises AnsibleFilterError naming the line,
-    the problem and the expected shape for invalid JSON, a missing or empty ``prompt``, a non-string
-    ``expected``, a duplicated prompt, or an empty set.
+    Blank lines and ``#`` lines are skipped. Raises AnsibleFilterError naming the line and the expected
+    shape for invalid JSON, a missing/empty ``prompt``, a non-string ``expected``, a duplicated prompt,
+    or an empty set.
     """
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -196,78 +537,78 @@ def teamserve_verify_eval_parse(text: str, source: str = "teamserve_verify_eval_
     return items
 
 
-def _normalise(answer: Any) -> str:
-    return " ".join(str(answer if answer is not None else "").split())
+def eval_answers(results: Any) -> list[dict[str, Any]]:
+    """Answers from the looped ``uri`` results of the eval requests to /v1/chat/completions.
 
-
-def teamserve_verify_agreement(current: Any, other: Any) -> dict[str, Any]:
-    """Exact-match agreement between two answer lists (``[{"prompt", "answer"}, ...]``), keyed by prompt.
-
-    Answers are compared after collapsing whitespace. Returns ``compared`` (prompts present in both),
-    ``agreed`` and ``rate`` (agreed / compared, None when nothing overlaps).
-    """
-    mine = {item["prompt"]: _normalise(item.get("answer")) for item in current or []}
-    theirs = {item["prompt"]: _normalise(item.get("answer")) for item in other or []}
-    common = sorted(set(mine) & set(theirs))
-    agreed = sum(1 for prompt in common if mine[prompt] == theirs[prompt])
-    return {"compared": len(common), "agreed": agreed,
-            "rate": round(agreed / len(common), 4) if common else None}
-
-
-def teamserve_verify_expected_match(answers: Any) -> dict[str, Any]:
-    """Exact-match rate of answers against the eval set's ``expected`` values (whitespace-collapsed).
-
-    Returns ``with_expected`` (items that carry an expected answer), ``matched`` and ``rate`` (None when no
-    item has an expected answer).
-    """
-    graded = [item for item in answers or [] if item.get("expected") is not None]
-    matched = sum(1 for item in graded if _normalise(item.get("answer")) == _normalise(item["expected"]))
-    return {"with_expected": len(graded), "matched": matched,
-            "rate": round(matched / len(graded), 4) if graded else None}
-
-
-def teamserve_verify_eval_answers(results: Any) -> list[dict[str, Any]]:
-    """Answers from the registered results of the eval requests (a looped ``uri`` to /v1/chat/completions).
-
-    Each result carries ``item`` (the eval item: ``prompt``, ``expected``), ``status`` and ``json`` (the
-    OpenAI-style body). Returns ``[{"prompt", "expected", "answer"}]`` in order. Raises AnsibleFilterError
-    naming the prompt and the HTTP status when a request did not answer 200 with a choice.
+    Returns ``[{"prompt", "expected", "answer"}]`` in order. Raises AnsibleFilterError naming the prompt
+    and the HTTP status when a request did not answer 200 with a choice.
     """
     answers = []
     for result in results or []:
         item = result.get("item") or {}
         body = result.get("json") or {}
-        choices = body.get("choices") if isinstance(body, dict) else None
+        choices = body.get("choices") if isinstance(body, Mapping) else None
         if result.get("status") != 200 or not choices:
-            raise AnsibleFilterError(
-                f"the eval request for prompt {str(item.get('prompt'))[:60]!r} got HTTP {result.get('status')} "
-                f"{str(result.get('msg') or '')[:120]}".rstrip())
-        message = choices[0].get("message") or {}
+            raise AnsibleFilterError(f"the eval request for prompt {str(item.get('prompt'))[:60]!r} got HTTP "
+                                     f"{result.get('status')} {str(result.get('msg') or '')[:120]}".rstrip())
         answers.append({"prompt": item.get("prompt"), "expected": item.get("expected"),
-                        "answer": message.get("content") or ""})
+                        "answer": (choices[0].get("message") or {}).get("content") or ""})
     return answers
 
 
-def teamserve_verify_eval_compare(current: Any, others: Any) -> list[dict[str, Any]]:
-    """Agreement of ``current`` answers with each earlier run stored for another KV-cache dtype.
+def _normalise(answer: Any) -> str:
+    return " ".join(str(answer if answer is not None else "").split())
 
-    ``others`` are the stored documents (``{"kv_cache_dtype", "at", "answers"}``). Returns one
-    ``{"kv_cache_dtype", "at", "compared", "agreed", "rate"}`` per document, ordered by dtype.
+
+def agreement(current: Any, other: Any) -> dict[str, Any]:
+    """Exact-match agreement (whitespace collapsed) of two answer lists keyed by prompt:
+    ``compared``, ``agreed``, ``rate`` (None when no prompt is in both)."""
+    mine = {item["prompt"]: _normalise(item.get("answer")) for item in current or []}
+    theirs = {item["prompt"]: _normalise(item.get("answer")) for item in other or []}
+    common = sorted(set(mine) & set(theirs))
+    agreed = sum(1 for prompt in common if mine[prompt] == theirs[prompt])
+    return {"compared": len(common), "agreed": agreed, "rate": round(agreed / len(common), 4) if common else None}
+
+
+def check_eval(answers: Any, kv_cache_dtype: str, others: Any, min_agreement: float, answers_file: str) -> Record:
+    """Check 8: the admin's evaluation set, compared with the answers stored for other KV-cache dtypes.
+
+    ``answers``: :func:`eval_answers` of this run (None: no eval set, SKIP); ``others``: the stored
+    documents of other dtypes (``{"kv_cache_dtype", "at", "answers"}``). PASS when every comparison agrees
+    at least ``min_agreement`` (0..1). Matches with ``expected`` answers are reported, not judged.
     """
-    out = []
-    for doc in sorted(others or [], key=lambda d: str(d.get("kv_cache_dtype"))):
-        row = {"kv_cache_dtype": doc.get("kv_cache_dtype"), "at": doc.get("at")}
-        row.update(teamserve_verify_agreement(current, doc.get("answers") or []))
-        out.append(row)
-    return out
+    if answers is None:
+        return skipped(8, 'no evaluation set; set teamserve_verify_eval_file to a JSONL file of {"prompt", "expected"}',
+                       "teamserve_verify_eval_file is empty")
+    graded = [a for a in answers if a.get("expected") is not None]
+    matched = sum(1 for a in graded if _normalise(a.get("answer")) == _normalise(a["expected"]))
+    expected = {"with_expected": len(graded), "matched": matched,
+                "rate": round(matched / len(graded), 4) if graded else None}
+    comparisons = [{"kv_cache_dtype": d.get("kv_cache_dtype"), "at": d.get("at"),
+                    **agreement(answers, d.get("answers") or [])}
+                   for d in sorted(others or [], key=lambda d: str(d.get("kv_cache_dtype")))]
+    low = [c for c in comparisons if c["rate"] is not None and c["rate"] < float(min_agreement)]
+    compared = "; ".join(f"agreement with {c['kv_cache_dtype']}: {c['agreed']}/{c['compared']} (target >= "
+                         f"{min_agreement})" for c in comparisons) or (
+        "no answers for another KV-cache dtype yet (switch vllm_engine.kv_cache_dtype, converge, run verify again)")
+    return record(
+        8, "FAIL" if low else "PASS",
+        f"{len(answers)} prompts answered at kv-cache-dtype {kv_cache_dtype}, {matched}/{len(graded)} match the "
+        f"expected answer; {compared}",
+        measured={"kv_cache_dtype": kv_cache_dtype, "prompts": len(answers), "answers_file": answers_file,
+                  "expected_match": expected, "comparisons": comparisons},
+        target={"min_agreement": float(min_agreement)},
+    )
 
 
-def teamserve_verify_host_addresses(facts: Any) -> list[str]:
-    """The host's own addresses from gathered facts (``ansible_facts``), for an outside reachability probe.
+# --- check 9 ---------------------------------------------------------------------------------------------
 
-    Every IPv4 address (primary and secondaries) and every global-scope IPv6 address of each interface,
-    except loopback and container-network interfaces (docker*, br-*, veth*, virbr*, cni*, ...), whose
-    addresses are private to the host. Sorted, without duplicates.
+def host_addresses(facts: Any) -> list[str]:
+    """The host's own addresses from ``ansible_facts`` (network subset), for the outside probe.
+
+    Every IPv4 address (primary and secondaries) and every global IPv6 address of each interface except
+    loopback and container networks (docker*, br-*, veth*, ...), whose addresses are private to the host.
+    Sorted, without duplicates.
     """
     addresses: set[str] = set()
     for name in (facts or {}).get("interfaces", []):
@@ -286,36 +627,55 @@ def teamserve_verify_host_addresses(facts: Any) -> list[str]:
     return sorted(addresses)
 
 
-def teamserve_verify_table(results: Any) -> list[str]:
-    """Render check results (``[{"id", "name", "status", "summary"}, ...]``) as aligned table lines.
+def check_outside(outside_host: str, port: int, probes: Any) -> Record:
+    """Check 9: from a host outside the LAN, no address of the box accepts a connection on the gateway port.
 
-    Rows are sorted by id; the last line counts PASS/FAIL/SKIP.
+    ``probes``: the looped ``wait_for`` results, one per box address (``item``); ``wait_for`` returns
+    ``state`` only when the port accepted. SKIP when ``outside_host`` is empty.
     """
+    if not outside_host:
+        return skipped(9, "no outside host; set teamserve_verify_outside_host to an inventory host outside the LAN",
+                       "teamserve_verify_outside_host is empty")
+    results = list(probes or [])
+    probed = [p["item"] for p in results]
+    connected = [p["item"] for p in results if "state" in p]
+    ok = not connected and bool(probed)
+    return record(
+        9, "PASS" if ok else "FAIL",
+        f"from {outside_host}: {len(probed)} address(es) x port {port}, {len(connected)} connected "
+        f"{'(' + ', '.join(map(str, connected)) + ')' if connected else ''} (target 0)",
+        measured={"outside_host": outside_host, "port": int(port), "probed": probed, "connected": connected,
+                  "refused_or_timed_out": [a for a in probed if a not in connected]},
+        target={"connected": []},
+    )
+
+
+# --- the report --------------------------------------------------------------------------------------------
+
+def table(results: Any) -> list[str]:
+    """Check records as aligned table lines, sorted by id; the last line counts PASS/FAIL/SKIP."""
     rows = sorted(results or [], key=lambda r: int(r["id"]))
     width = max([len(str(r["name"])) for r in rows] + [5])
     lines = [f"{'id':>2}  {'check':<{width}}  {'status':<6}  measured vs target",
              f"{'-' * 2}  {'-' * width}  {'-' * 6}  {'-' * 18}"]
-    for row in rows:
-        lines.append(f"{row['id']:>2}  {row['name']:<{width}}  {row['status']:<6}  {row.get('summary', '')}")
-    counts = {status: sum(1 for r in rows if r["status"] == status) for status in ("PASS", "FAIL", "SKIP")}
+    lines += [f"{r['id']:>2}  {r['name']:<{width}}  {r['status']:<6}  {r.get('summary', '')}" for r in rows]
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("PASS", "FAIL", "SKIP")}
     lines.append(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
     return lines
 
 
+def merge(results: Any, new: Any) -> list[Record]:
+    """``results`` with ``new`` (one record or a list) added; a later record for an id replaces the earlier."""
+    added = [new] if isinstance(new, Mapping) else list(new)
+    ids = {r["id"] for r in added}
+    return [r for r in results or [] if r["id"] not in ids] + added
+
+
 class FilterModule:
-    """Registers the teamserve_verify filters."""
+    """Registers the checks as ``teamserve_verify_<function>`` filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {
-            "teamserve_verify_metric": teamserve_verify_metric,
-            "teamserve_verify_histogram": teamserve_verify_histogram,
-            "teamserve_verify_queue": teamserve_verify_queue,
-            "teamserve_verify_bench": teamserve_verify_bench,
-            "teamserve_verify_eval_parse": teamserve_verify_eval_parse,
-            "teamserve_verify_agreement": teamserve_verify_agreement,
-            "teamserve_verify_expected_match": teamserve_verify_expected_match,
-            "teamserve_verify_eval_answers": teamserve_verify_eval_answers,
-            "teamserve_verify_eval_compare": teamserve_verify_eval_compare,
-            "teamserve_verify_host_addresses": teamserve_verify_host_addresses,
-            "teamserve_verify_table": teamserve_verify_table,
-        }
+        functions = (engine, failed, check_capacity, check_engine, bench_inputs, bench_run, check_targets,
+                     check_load, long_prompt_inputs, check_long_prompt, check_limits, check_cold_start,
+                     eval_parse, eval_answers, check_eval, host_addresses, check_outside, table, merge)
+        return {f"teamserve_verify_{f.__name__}": f for f in functions}

@@ -3,6 +3,15 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+import threading
+import time
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.teamserve_sse import STREAM_ERRORS, StreamError, events, open_stream
+
 DOCUMENTATION = r"""
 module: teamserve_verify_long_prompt
 short_description: Measure other users' inter-token latency while a near-maximum prompt is prefilled
@@ -14,16 +23,25 @@ description:
   - The prefill window is from sending the long prompt to its first token. Inter-token latency (ITL) of
     the other streams is reported before the window and during it (every gap between two chunks that
     overlaps the window), as p50/p99/max in seconds. With chunked prefill the others keep streaming;
-    without it every stream stalls for the whole prefill (the seeds' checklist item 5).
+    without it every stream stalls for the whole prefill (item 5 of the deployment checklist).
   - Python 3 standard library only, so it runs on the box itself. Read-only; never reports changed.
 options:
-  url: {description: Base URL of the gateway (scheme://host:port); C(/v1/completions) is appended., type: str, required: true}
+  url:
+    description: Base URL of the gateway (scheme://host:port); C(/v1/completions) is appended.
+    type: str
+    required: true
   api_key: {description: A user's bearer key for the gateway., type: str, required: true, no_log: true}
   model: {description: Served model name., type: str, required: true}
   ca_path: {description: CA bundle that signs the gateway's certificate (Caddy's internal root)., type: path}
   streams: {description: Number of concurrent streams that represent the other users., type: int, default: 4}
-  stream_max_tokens: {description: Upper bound of tokens per stream (streams are closed early once measured)., type: int, default: 1024}
-  long_prompt_tokens: {description: Prompt length of the long request in tokens (keep it below --max-model-len)., type: int, required: true}
+  stream_max_tokens:
+    description: Upper bound of tokens per stream (streams are closed early once measured).
+    type: int
+    default: 1024
+  long_prompt_tokens:
+    description: Prompt length of the long request in tokens (keep it below --max-model-len).
+    type: int
+    required: true
   vocab_size: {description: Vocabulary size of the model (token ids are drawn below it)., type: int, required: true}
   warmup_events: {description: Chunks each stream must have produced before the baseline starts., type: int, default: 4}
   baseline_seconds: {description: Seconds of ITL recorded before the long prompt is sent., type: float, default: 2.0}
@@ -35,22 +53,23 @@ author: teamserve
 RETURN = r"""
 streams: {description: Streams started., returned: always, type: int}
 long_prompt_tokens: {description: Tokens in the long prompt., returned: always, type: int}
-long_prompt_ttft_seconds: {description: Seconds from sending the long prompt to its first token (its prefill)., returned: success, type: float}
-before: {description: "ITL of the other streams before the long prompt: count, p50, p99, max (seconds).", returned: success, type: dict}
-during: {description: "ITL gaps overlapping the long prompt's prefill: count, p50, p99, max (seconds).", returned: success, type: dict}
-streams_alive_after: {description: Streams that produced a chunk after the long prompt's first token., returned: success, type: int}
+long_prompt_ttft_seconds:
+  description: Seconds from sending the long prompt to its first token (its prefill).
+  returned: success
+  type: float
+before:
+  description: "ITL of the other streams before the long prompt: count, p50, p99, max (seconds)."
+  returned: success
+  type: dict
+during:
+  description: "ITL gaps overlapping the long prompt's prefill: count, p50, p99, max (seconds)."
+  returned: success
+  type: dict
+streams_alive_after:
+  description: Streams that produced a chunk after the long prompt's first token.
+  returned: success
+  type: int
 """
-
-import http.client
-import json
-import random
-import ssl
-import threading
-import time
-import urllib.parse
-
-from ansible.module_utils.basic import AnsibleModule
-
 
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0-100) of ``values`` with linear interpolation between closest ranks.
@@ -81,7 +100,7 @@ def split_gaps(streams: list[list[float]], window_start: float, window_end: floa
     before: list[float] = []
     during: list[float] = []
     for times in streams:
-        for first, second in zip(times, times[1:]):
+        for first, second in itertools.pairwise(times):
             if first >= baseline_start and second <= window_start:
                 before.append(second - first)
             elif second > window_start and first < window_end:
@@ -89,81 +108,45 @@ def split_gaps(streams: list[list[float]], window_start: float, window_end: floa
     return before, during
 
 
-def summarise(gaps: list[float]) -> dict:
+def summarise(gaps: list[float]) -> dict[str, Any]:
     """count, p50, p99 and max of a list of gaps, in seconds rounded to 0.1 ms (None when empty)."""
-    def rounded(value):
+    def rounded(value: float | None) -> float | None:
         return None if value is None else round(value, 4)
     return {"count": len(gaps), "p50": rounded(percentile(gaps, 50)), "p99": rounded(percentile(gaps, 99)),
             "max": rounded(max(gaps)) if gaps else None}
 
 
-class Gateway:
-    """POSTs streamed completions to ``<url>/v1/completions`` and yields SSE chunk arrival times."""
-
-    def __init__(self, url: str, api_key: str, ca_path: str | None, timeout: float):
-        parts = urllib.parse.urlsplit(url)
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.https else 80)
-        self.prefix = parts.path.rstrip("/")
-        self.api_key = api_key
-        self.timeout = timeout
-        self.context = ssl.create_default_context(cafile=ca_path) if self.https else None
-
-    def open(self, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Send the request; raise RuntimeError with the status and body unless the gateway answers 200."""
-        if self.https:
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.context)
-        else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        conn.request("POST", self.prefix + "/v1/completions", body=json.dumps(body),
-                     headers={"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json",
-                              "Accept": "text/event-stream"})
-        response = conn.getresponse()
-        if response.status != 200:
-            text = response.read(400).decode("utf-8", "replace")
-            conn.close()
-            raise RuntimeError(f"gateway answered HTTP {response.status}: {text}")
-        return conn, response
-
-
-def chunk_times(response, stop: threading.Event | None, times: list[float]) -> None:
-    """Append the arrival time (time.monotonic) of every SSE data chunk carrying choices to ``times``."""
-    while stop is None or not stop.is_set():
-        line = response.readline()
-        if not line:
-            return
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        try:
-            event = json.loads(payload)
-        except ValueError:
-            continue
+def chunk_times(response: Any, stop: threading.Event | None, times: list[float]) -> None:
+    """Append the arrival time (time.monotonic, seconds) of every SSE chunk carrying choices to ``times``."""
+    for event in events(response, stop):
         if event.get("choices"):
             times.append(time.monotonic())
 
 
-def run(params: dict) -> dict:
-    """Run the measurement described in DOCUMENTATION; returns the RETURN fields. Raises RuntimeError."""
-    gateway = Gateway(params["url"], params["api_key"], params["ca_path"], params["timeout"])
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """Run the measurement described in DOCUMENTATION; returns the RETURN fields.
+
+    Raises RuntimeError (a stream failed or stalled), StreamError, OSError or http.client.HTTPException.
+    """
+    url = params["url"].rstrip("/") + "/v1/completions"
+
+    def gateway_open(body: dict[str, Any]) -> tuple[Any, Any]:
+        return open_stream(url, body, params["api_key"], params["ca_path"], params["timeout"])
+
     deadline = time.monotonic() + params["timeout"]
     stop = threading.Event()
     times: list[list[float]] = [[] for _ in range(params["streams"])]
     errors: list[str] = []
-    conns = []
+    conns: list[Any] = []
 
     def stream(index: int) -> None:
         body = {"model": params["model"], "prompt": f"Stream {index}: tell a long story about the sea.",
                 "max_tokens": params["stream_max_tokens"], "stream": True, "ignore_eos": True}
         try:
-            conn, response = gateway.open(body)
+            conn, response = gateway_open(body)
             conns.append(conn)
             chunk_times(response, stop, times[index])
-        except (OSError, RuntimeError, http.client.HTTPException) as exc:
+        except (*STREAM_ERRORS, StreamError) as exc:
             errors.append(f"stream {index}: {exc}")
 
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(params["streams"])]
@@ -174,7 +157,8 @@ def run(params: dict) -> dict:
             if errors:
                 raise RuntimeError("; ".join(errors))
             if time.monotonic() > deadline:
-                raise RuntimeError(f"streams did not produce {params['warmup_events']} chunks within {params['timeout']} s")
+                raise RuntimeError(f"streams did not produce {params['warmup_events']} chunks within "
+                                   f"{params['timeout']} s")
             time.sleep(0.05)
         baseline_start = time.monotonic()
         time.sleep(params["baseline_seconds"])
@@ -184,7 +168,7 @@ def run(params: dict) -> dict:
         prompt = [rng.randrange(low, params["vocab_size"]) for _ in range(params["long_prompt_tokens"])]
         long_times: list[float] = []
         sent = time.monotonic()
-        conn, response = gateway.open({"model": params["model"], "prompt": prompt, "max_tokens": 1,
+        conn, response = gateway_open({"model": params["model"], "prompt": prompt, "max_tokens": 1,
                                        "stream": True})
         try:
             chunk_times(response, None, long_times)
@@ -239,7 +223,7 @@ def main() -> None:
         module.exit_json(changed=False, skipped=True, msg="not measured in check mode")
     try:
         result = run(params)
-    except (OSError, RuntimeError, http.client.HTTPException) as exc:
+    except (*STREAM_ERRORS, RuntimeError) as exc:
         module.fail_json(msg=f"long-prompt measurement failed: {exc}")
     module.exit_json(changed=False, **result)
 

@@ -3,6 +3,29 @@
 
 from __future__ import annotations
 
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.teamserve_sse import STREAM_ERRORS, StreamError, events, has_token, open_stream
+
+# PHASE_MARKERS and LOGGED_DURATIONS: the log lines this module reads (re-exported for the tests)
+from ansible.module_utils.teamserve_vllm_log import (  # noqa: F401
+    LOGGED_DURATIONS,
+    PHASE_MARKERS,
+    parse_docker_time,
+    parse_start_phases,
+)
+
+try:
+    import docker  # Debian: python3-docker
+
+    HAS_DOCKER = True
+except ImportError:  # pragma: no cover - reported through fail_json
+    HAS_DOCKER = False
+
 DOCUMENTATION = r"""
 module: vllm_engine_probe
 short_description: Wait for a vLLM container to answer /health and time its cold start
@@ -64,125 +87,34 @@ logged_durations:
 log_tail: {description: Last engine log lines., returned: on failure, type: list}
 """
 
-import json
-import re
-import ssl
-import time
-import urllib.error
-import urllib.request
-from datetime import UTC, datetime
-from typing import Any
-
-from ansible.module_utils.basic import AnsibleModule
-
-try:
-    import docker  # Debian: python3-docker
-
-    HAS_DOCKER = True
-except ImportError:  # pragma: no cover - reported through fail_json
-    HAS_DOCKER = False
-
-
-def parse_docker_time(value: str) -> float:
-    """Convert Docker's RFC 3339 timestamp (nanosecond precision, ``Z``) to epoch seconds (float)."""
-    head, _, frac = value.rstrip("Z").partition(".")
-    stamp = datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
-    return stamp + (float("0." + frac[:9]) if frac else 0.0)
-
 
 def http_status(url: str, timeout: float) -> int:
     """Return the HTTP status of a GET (0 when nothing answers)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - URL from the role
-            return response.status
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
     except urllib.error.HTTPError as exc:
-        return exc.code
+        return int(exc.code)
     except (urllib.error.URLError, OSError):
         return 0
 
 
-def first_token(chat: dict) -> float:
-    """Send one streamed chat completion; return the epoch time its first content token arrived."""
-    body = json.dumps(
-        {
-            "model": chat["model"],
-            "messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": 8,
-            "stream": True,
-        }
-    ).encode()
-    request = urllib.request.Request(
-        chat["url"],
-        data=body,
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {chat['api_key']}"},
-    )
-    context = None
-    if chat["url"].startswith("https"):
-        context = ssl.create_default_context(cafile=chat.get("ca_path"))
-        if not chat.get("validate_certs", True):
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-    with urllib.request.urlopen(request, timeout=chat["timeout"], context=context) as response:  # noqa: S310
-        for raw in response:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            for choice in chunk.get("choices", []):
-                if choice.get("delta", {}).get("content"):
-                    return time.time()
-    raise RuntimeError("the stream ended without a content token")
+def first_token(chat: dict[str, Any]) -> float:
+    """Send one streamed chat completion; return the epoch time (seconds) its first content token arrived.
 
-
-# vLLM's start-up log lines, first match wins per phase: vllm/v1/worker/gpu_model_runner.py "Model loading
-# took" (GPU) or vllm/model_executor/model_loader/default_loader.py "Loading weights took" (the CPU runner
-# prints only this one); vllm/compilation/monitor.py "torch.compile takes" (GPU) or
-# vllm/v1/worker/cpu_model_runner.py "Warming up done." (the CPU runner compiles while warming up);
-# gpu_model_runner.py "Graph capturing finished in" (no CUDA graphs on the CPU build); vllm/v1/engine/core.py
-# "init engine (profile, create kv cache, warmup model) took"; uvicorn's "Application startup complete"
-# once the API server listens. Checked against the testbed's vLLM 0.32.0 CPU log and public GPU logs.
-PHASE_MARKERS = {
-    "weights_loaded": ("Model loading took", "Loading weights took"),
-    "compiled": ("torch.compile takes", "Warming up done."),
-    "graphs_captured": ("Graph capturing finished in",),
-    "engine_initialised": ("init engine (profile, create kv cache, warmup model) took",),
-    "api_started": ("Application startup complete",),
-}
-LOGGED_DURATIONS = {
-    "weights_loading": re.compile(r"Loading weights took ([0-9.]+) s"),
-    "model_loading": re.compile(r"Model loading took [0-9.]+ GiB(?: memory)? and ([0-9.]+) s"),
-    "torch_compile": re.compile(r"torch\.compile takes ([0-9.]+) s in total"),
-    "graph_capture": re.compile(r"Graph capturing finished in ([0-9.]+) secs?"),
-    "engine_init": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s"),
-}
-
-
-def parse_start_phases(lines: list[str], started_at: float) -> tuple[dict, dict]:
-    """Read an engine start-up from its log.
-
-    Input: ``lines`` as ``docker logs --timestamps`` prints them ("<RFC 3339 time> <text>"), and the
-    container's start time ``started_at`` (epoch seconds). Output: ``(phases, logged)``:
-    ``phases[name]`` = seconds from the container's start to the FIRST line carrying one of that phase's
-    markers (PHASE_MARKERS), ``logged[name]`` = the duration vLLM printed itself, in seconds (LOGGED_DURATIONS).
-    A phase or duration whose line is missing is None. Lines without a parsable timestamp are skipped.
-    Raises nothing.
+    Raises StreamError (non-200, or a stream without a token), OSError or http.client.HTTPException.
     """
-    phases: dict = dict.fromkeys(PHASE_MARKERS)
-    logged: dict = dict.fromkeys(LOGGED_DURATIONS)
-    for line in lines:
-        stamp, _, text = line.partition(" ")
-        try:
-            at = parse_docker_time(stamp)
-        except ValueError:
-            continue
-        for name, markers in PHASE_MARKERS.items():
-            if phases[name] is None and any(marker in text for marker in markers):
-                phases[name] = round(at - started_at, 2)
-        for name, pattern in LOGGED_DURATIONS.items():
-            match = pattern.search(text)
-            if logged[name] is None and match:
-                logged[name] = float(match.group(1))
-    return phases, logged
+    body = {"model": chat["model"], "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 8, "stream": True}
+    conn, response = open_stream(chat["url"], body, chat["api_key"], chat.get("ca_path"), chat["timeout"],
+                                 chat.get("validate_certs", True))
+    try:
+        for event in events(response):
+            if has_token(event):
+                return time.time()
+    finally:
+        conn.close()
+    raise StreamError("the stream ended without a content token")
 
 
 def main() -> None:
@@ -266,7 +198,7 @@ def main() -> None:
         sent = time.time()
         try:
             arrived = first_token(params["chat"])
-        except (urllib.error.URLError, OSError, RuntimeError, ValueError) as exc:
+        except (*STREAM_ERRORS, StreamError) as exc:
             module.fail_json(msg=f"engine is ready but the streamed probe through {params['chat']['url']} failed: {exc}", **result)
         result["first_token_latency"] = round(arrived - sent, 3)
         result["seconds_to_first_token"] = round(arrived - started, 2)
