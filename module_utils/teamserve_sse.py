@@ -88,7 +88,5 @@ def events(response: http.client.HTTPResponse, stop: threading.Event | None = No
 def has_token(event: dict[str, Any]) -> bool:
     """True when a chunk carries generated text: ``choices[].text`` (completions) or
     ``choices[].delta.content`` (chat completions)."""
-    for choice in event.get("choices") or []:
-        if choice.get("text") or (choice.get("delta") or {}).get("content"):
-            return True
-    return False
+    return any(choice.get("text") or (choice.get("delta") or {}).get("content")
+               for choice in event.get("choices") or [])

@@ -52,7 +52,7 @@ def case(case_id: str) -> dict[str, Any]:
 
 def qwen_plan(memory_total_mib: int, measured_kv_gib: float | None = None) -> dict[str, Any]:
     """Qwen3-1.7B at --max-model-len 1024 (the public case qwen3-1.7b-24gb) planned for one GPU."""
-    config = json.loads((REPO / "tests/capacity/fixtures/configs/Qwen--Qwen3-1.7B.json").read_text())
+    config = json.loads((REPO / "models/configs/Qwen--Qwen3-1.7B.json").read_text())
     engine = {"measured": {"kv_cache_bytes": int(measured_kv_gib * GIB)}} if measured_kv_gib else {}
     return plan({"name": "Qwen/Qwen3-1.7B", "served_model_name": "qwen", "config": config, "weight_format": "bf16"},
                 {"concurrent_sequences": 1, "avg_context_tokens": 1000, "max_context_tokens": 1024,
