@@ -54,11 +54,6 @@ class Role:
         for part in ("defaults/main.yml", "vars/main.yml"):
             self.vars.update(_trust(LOADER.load_from_file(str(self.role / part))))
         self.vars.update(overrides)
-        facts_file = self.role / "tasks/facts.yml"
-        if facts_file.exists():
-            for task in LOADER.load_from_file(str(facts_file)):
-                for key, expr in task["ansible.builtin.set_fact"].items():
-                    self.vars[key] = self.render(expr)
 
     def render(self, value):
         return Templar(loader=LOADER, variables=self.vars).template(_trust(value))
@@ -94,44 +89,44 @@ class Role:
 def test_driver_repository_url_and_key_for_ubuntu(version, distro):
     role = Role("nvidia_driver", FACTS[("Ubuntu", version)])
     base = "https://developer.download.nvidia.com/compute/cuda/repos"
-    assert role.vars["nvidia_driver_repo_url"] == f"{base}/{distro}/x86_64/"
-    assert role.vars["nvidia_driver_repo_key"] == f"{base}/{distro}/x86_64/3bf863cc.pub"
+    assert role.render("{{ __nvidia_driver_repo_url }}") == f"{base}/{distro}/x86_64/"
+    assert role.render("{{ __nvidia_driver_repo_key }}") == f"{base}/{distro}/x86_64/3bf863cc.pub"
 
 
 @pytest.mark.parametrize("version", ["12", "13"])
 def test_driver_repository_url_for_debian_uses_major_version(version):
     role = Role("nvidia_driver", FACTS[("Debian", version)])
-    assert role.vars["nvidia_driver_repo_url"].endswith(f"/debian{version}/x86_64/")
+    assert role.render("{{ __nvidia_driver_repo_url }}").endswith(f"/debian{version}/x86_64/")
 
 
 @pytest.mark.parametrize("version", ["22.04", "24.04"])
 def test_driver_packages_and_version_for_ubuntu(version):
     role = Role("nvidia_driver", FACTS[("Ubuntu", version)])
-    names = role.vars["nvidia_driver_package_names"]
+    names = role.render("{{ __nvidia_driver_package_names }}")
     assert "nvidia-driver-580-open" in names and "nvidia-dkms-580-open" in names
     assert "nvidia-utils-580" in names  # ships nvidia-smi on Ubuntu
     assert all(not n.startswith("nvidia-dkms-580") or n.endswith("-open") for n in names)
-    assert role.vars["nvidia_driver_package_version"] == "580.95.05-0ubuntu1"
-    assert role.vars["nvidia_driver_headers_package"] == "linux-headers-generic"
+    assert role.render("{{ __nvidia_driver_package_version }}") == "580.95.05-0ubuntu1"
+    assert role.render("{{ __nvidia_driver_headers_package }}") == "linux-headers-generic"
 
 
 def test_ubuntu_package_names_follow_the_branch():
     role = Role("nvidia_driver", FACTS[("Ubuntu", "24.04")], nvidia_driver_branch="590",
                 nvidia_driver_version="590.44.01")
-    assert "nvidia-driver-590-open" in role.vars["nvidia_driver_package_names"]
-    assert role.vars["nvidia_driver_package_version"] == "590.44.01-0ubuntu1"
+    assert "nvidia-driver-590-open" in role.render("{{ __nvidia_driver_package_names }}")
+    assert role.render("{{ __nvidia_driver_package_version }}") == "590.44.01-0ubuntu1"
 
 
 def test_debian_packages_use_open_kernel_modules():
     role = Role("nvidia_driver", FACTS[("Debian", "12")])
-    assert role.vars["nvidia_driver_package_names"][:3] == ["nvidia-open", "nvidia-driver", "nvidia-kernel-open-dkms"]
-    assert role.vars["nvidia_driver_package_version"] == "580.95.05-1"
-    assert role.vars["nvidia_driver_headers_package"] == "linux-headers-amd64"
+    assert role.render("{{ __nvidia_driver_package_names }}")[:3] == ["nvidia-open", "nvidia-driver", "nvidia-kernel-open-dkms"]
+    assert role.render("{{ __nvidia_driver_package_version }}") == "580.95.05-1"
+    assert role.render("{{ __nvidia_driver_headers_package }}") == "linux-headers-amd64"
 
 
 def test_headers_none_installs_no_headers_package():
     role = Role("nvidia_driver", FACTS[("Ubuntu", "24.04")], nvidia_driver_kernel_headers_package="none")
-    assert role.vars["nvidia_driver_headers_package"] == ""
+    assert role.render("{{ __nvidia_driver_headers_package }}") == ""
 
 
 DRIVER_PACKAGES = "Install the pinned driver with the open kernel modules, DKMS and the kernel headers"
@@ -147,7 +142,7 @@ def _packages(common: Role) -> tuple[str, list, list]:
 @pytest.mark.parametrize("version", ["22.04", "24.04"])
 def test_ubuntu_pin_hold_and_unattended_blacklist_cover_every_package(version):
     role = Role("nvidia_driver", FACTS[("Ubuntu", version)])
-    names = role.vars["nvidia_driver_package_names"]
+    names = role.render("{{ __nvidia_driver_package_names }}")
     common = role.include("main.yml", DRIVER_PACKAGES)
     pref, held, installed = _packages(common)
     assert re.search(r"^Package: (.+)$", pref, re.M).group(1).split() == names
@@ -318,6 +313,22 @@ def test_packages_to_release_from_hold(installed, expected):
                                         packages={n: [{"version": v}] for n, v in installed.items()})
     task = common.task("packages.yml", "Note the pinned packages not at their pin")
     assert common.render(task["ansible.builtin.set_fact"]["__gpu_host_common_to_change"]) == expected
+
+
+@pytest.mark.parametrize("policy,skipped", [
+    ("dkms:\n  Installed: (none)\n  Candidate: 3.0.10-8\n", True),   # fresh host: CUDA repo not in the lists yet
+    ("".join(f"{n}:\n  Installed: (none)\n  Candidate: 580.95.05-1\n" for n in
+             ["nvidia-open", "nvidia-driver", "nvidia-kernel-open-dkms", "nvidia-smi", "nvidia-persistenced",
+              "libnvidia-ml1", "libcuda1"]) + "dkms:\n  Installed: (none)\n  Candidate: 3.0.10-8\n", False)])
+def test_check_mode_skips_the_install_while_apt_does_not_know_the_packages(policy, skipped):
+    role = Role("nvidia_driver", FACTS[("Debian", "12")], nvidia_driver_kernel_headers_package="none")
+    common = role.include("main.yml", DRIVER_PACKAGES)
+    common.vars.update(ansible_check_mode=True, __gpu_host_common_policy={"stdout_lines": policy.splitlines()})
+    block = common.task("packages.yml", "Install the packages")
+    common.vars.update(_trust(block["vars"]))
+    assert common.condition(block["when"]) is not skipped
+    common.vars["ansible_check_mode"] = False
+    assert common.condition(block["when"]) is True
 
 
 def test_daemon_json_merge_keeps_admin_keys_and_adds_the_nvidia_runtime():
