@@ -70,7 +70,7 @@ class Role:
     def condition(self, expr: str) -> bool:
         return self.render("{{ " + expr + " }}")
 
-    def include(self, tasks_file: str, name: str) -> "Role":
+    def include(self, tasks_file: str, name: str) -> Role:
         """The role that the include_role task `name` of `tasks_file` calls, with the include's vars
         rendered in this role's scope (as ansible-core passes them), on top of its defaults and below its vars."""
         task = self.task(tasks_file, name)
@@ -338,7 +338,8 @@ def test_daemon_json_merge_keeps_admin_keys_and_adds_the_nvidia_runtime():
     assert handed["ansible.builtin.include_role"] == {"name": "docker", "tasks_from": "daemon"}
     role.vars.update({k: toolkit.render(v) for k, v in handed["vars"].items() if k != "docker_daemon_restart"})
     admin = {"debug": False, "log-opts": {"labels": "admin-label"}, "runtimes": {"crun": {"path": "/usr/bin/crun"}}}
-    import base64, json
+    import base64
+    import json
     role.vars["__docker_daemon_current"] = {"content": base64.b64encode(json.dumps(admin).encode()).decode()}
     task = role.task("daemon.yml", "Compute the merged daemon.json")
     merged = role.render(task["ansible.builtin.set_fact"]["docker_daemon_config"])
