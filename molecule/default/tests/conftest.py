@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -12,6 +13,19 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[3]
 GROUP_VARS = REPO / "inventories" / "testbed" / "group_vars" / "teamserve"
 CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed"))
+
+
+def users_play(action: str, name: str, keys_file, users: list) -> None:
+    """Run playbooks/users.yml against the scenario's inventory with caddy_users = `users` (fails with the play's output tail)."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_FORCE_COLOR="0")
+    extra = {"caddy_users_action": action, "caddy_users_name": name, "caddy_users_keys_file": str(keys_file),
+             "caddy_users": users}
+    run = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+         str(REPO / "playbooks" / "users.yml"), "-e", json.dumps(extra)],
+        env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
 @pytest.fixture(scope="session")

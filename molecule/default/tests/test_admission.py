@@ -11,7 +11,6 @@ bounded in count and time.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import threading
@@ -21,7 +20,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import yaml
-from conftest import CACHE, REPO
+from conftest import CACHE, REPO, users_play
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -49,19 +48,6 @@ def engine_flag(host, flag: str) -> int:
     """A flag of the running engine container's command line (the plan's value, as deployed)."""
     cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
     return int(cmd[cmd.index(f"--{flag}") + 1])
-
-
-def users_play(action: str, name: str, keys_file, users: list) -> None:
-    """Run playbooks/users.yml against the scenario's inventory with caddy_users = `users`."""
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
-               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_FORCE_COLOR="0")
-    extra = {"caddy_users_action": action, "caddy_users_name": name, "caddy_users_keys_file": str(keys_file),
-             "caddy_users": users}
-    run = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-         str(REPO / "playbooks" / "users.yml"), "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
 def ttft(url: str, key: str, verify) -> float | str:

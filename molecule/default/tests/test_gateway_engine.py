@@ -11,7 +11,6 @@ Caddyfile byte for byte, so the idempotence of the scenario is not disturbed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
@@ -20,7 +19,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import yaml
-from conftest import CACHE, GROUP_VARS, REPO
+from conftest import CACHE, GROUP_VARS, REPO, users_play
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -127,19 +126,6 @@ def test_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
     assert busy == 0, f"{busy} requests still in the engine 60 s after every client hung up"
     generated = now["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated < cap * LONG / 2, f"{generated:.0f} of {cap * LONG} tokens generated: hang-ups did not stop them"
-
-
-def users_play(action: str, name: str, keys_file, users: list) -> None:
-    """Run playbooks/users.yml against the scenario's inventory, with caddy_users extended by `users`."""
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
-               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_FORCE_COLOR="0")
-    extra = {"caddy_users_action": action, "caddy_users_name": name, "caddy_users_keys_file": str(keys_file),
-             "caddy_users": users}
-    run = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-         str(REPO / "playbooks" / "users.yml"), "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
 def test_issue_and_revoke_leave_the_engine_running(host, testbed_vars, keys, gateway_verify, tmp_path):
