@@ -1,4 +1,4 @@
-"""The deployment checklist's verdicts (roles/teamserve_verify/filter_plugins/teamserve_verify.py), the shared
+"""The deployment checklist's verdicts (filter_plugins/teamserve_verify.py), the shared
 /metrics, SSE and start-up log code (module_utils/), and the long-prompt module's gap arithmetic.
 
 Inputs are real: fixtures/verify/ holds what the testbed box answered (README there says how each file
@@ -23,8 +23,7 @@ from repo_modules import REPO, load
 from teamserve_capacity import GIB, plan
 
 FIX = pathlib.Path(__file__).resolve().parent / "fixtures" / "verify"
-checks = load("teamserve_verify_filters", "roles/teamserve_verify/filter_plugins/teamserve_verify.py")
-metric_filter = load("teamserve_metrics_filter", "filter_plugins/teamserve_metrics.py")
+checks = load("teamserve_verify_filters", "filter_plugins/teamserve_verify.py")
 long_prompt = load("teamserve_verify_long_prompt", "roles/teamserve_verify/library/teamserve_verify_long_prompt.py")
 sse = load("teamserve_sse_test", "module_utils/teamserve_sse.py")
 prometheus = load("teamserve_prometheus_test", "module_utils/teamserve_prometheus.py")
@@ -76,11 +75,11 @@ def test_prometheus_parser_reads_the_engines_real_metrics():
 
 def test_metric_filter_sums_label_sets_and_names_a_missing_scrape():
     extra = text("metrics-after.txt").replace('engine="0"', 'engine="1"')
-    one = metric_filter.teamserve_metric(text("metrics-after.txt"), "vllm:request_success_total")
-    assert one > 0 and metric_filter.teamserve_metric(text("metrics-after.txt") + extra,
+    one = checks.teamserve_metric(text("metrics-after.txt"), "vllm:request_success_total")
+    assert one > 0 and checks.teamserve_metric(text("metrics-after.txt") + extra,
                                                       "vllm:request_success_total") == 2 * one
     with pytest.raises(AnsibleFilterError, match="expected the /metrics text"):
-        metric_filter.teamserve_metric(None, "vllm:num_requests_running")
+        checks.teamserve_metric(None, "vllm:num_requests_running")
 
 
 class _Response(io.BytesIO):

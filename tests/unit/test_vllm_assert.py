@@ -37,13 +37,16 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                           "vllm_model.revision: 'main' is not a 40-hex commit id"),
     "max_model_len_above_limit": ({"vllm_model": LOCAL_MODEL, "vllm_workload": dict(WORKLOAD, max_context_tokens=4096)},
                                   "vllm_workload.max_context_tokens: 4096 tokens is above the model's own limit of 2048"),
-    "max_model_len_flag_above_limit": ({"vllm_model": LOCAL_MODEL, "vllm_flags": {"max-model-len": 8192}},
-                                       "vllm_flags.max-model-len: 8192 tokens is above the model's own limit of 2048"),
+    "max_model_len_flag_bypassing_the_plan": ({"vllm_model": LOCAL_MODEL, "vllm_flags": {"max-model-len": 8192}},
+                                              "vllm_flags.max-model-len: 8192 is set by the capacity plan; set "
+                                              "vllm_workload.max_context_tokens instead"),
     "unsupported_kv_dtype": ({"vllm_profile": "tiny", "vllm_profiles": {"tiny": {
                                   "vllm_model": LOCAL_MODEL, "vllm_engine": {"kv_cache_dtype": "fp4"}}}},
                              "vllm_engine.kv_cache_dtype.*fp4.*use one of auto"),
     "kv_dtype_override_bypassing_the_plan": ({"vllm_model": LOCAL_MODEL, "vllm_flags": {"kv-cache-dtype": "fp8"}},
-                                             "vllm_flags.kv-cache-dtype: 'fp8' differs from vllm_engine.kv_cache_dtype 'auto'"),
+                                             "vllm_flags.kv-cache-dtype: 'fp8' is set by the capacity plan; set vllm_engine.kv_cache_dtype"),
+    "extra_args_repeating_a_planned_flag": ({"vllm_model": LOCAL_MODEL, "vllm_extra_args": ["--max-num-seqs", "4"]},
+                                            "vllm_extra_args: '--max-num-seqs' is set by the capacity plan"),
 }
 
 PLAYBOOK = """

@@ -59,19 +59,42 @@ def test_unpinned_or_malformed_models_are_refused(model, match):
 
 # --- --max-model-len ------------------------------------------------------------------------------------
 def test_max_model_len_within_the_limit_passes():
-    assert checks.vllm_max_model_len(2048, {"max_context_tokens": 2048}, {}) == 2048
+    assert checks.vllm_max_model_len(2048, {"max_context_tokens": 2048}) == 2048
 
 
 def test_workload_above_the_models_limit_is_refused_naming_field_value_and_limit():
     with pytest.raises(AnsibleFilterError,
                        match=r"vllm_workload.max_context_tokens: 4096 tokens is above the model's own limit of 2048"):
-        checks.vllm_max_model_len(2048, {"max_context_tokens": 4096}, {})
+        checks.vllm_max_model_len(2048, {"max_context_tokens": 4096})
 
 
-def test_a_flag_override_is_what_counts():
-    with pytest.raises(AnsibleFilterError, match=r"vllm_flags.max-model-len: 131072 tokens .* at most 32768"):
-        checks.vllm_max_model_len(32768, {"max_context_tokens": 8192}, {"max-model-len": 131072})
-    assert checks.vllm_max_model_len(32768, {"max_context_tokens": 65536}, {"max-model-len": 16384}) == 16384
+# --- flags the plan or the role sets ---------------------------------------------------------------------
+@pytest.mark.parametrize(("flags", "extra", "match"), [
+    ({"max-num-seqs": 4}, [], r"vllm_flags.max-num-seqs: 4 is set by the capacity plan; set "
+                              r"vllm_workload.concurrent_sequences"),
+    ({"max-model-len": 131072}, [], r"vllm_flags.max-model-len: 131072 .* vllm_workload.max_context_tokens"),
+    ({"kv-cache-dtype": "fp8"}, [], r"vllm_flags.kv-cache-dtype: 'fp8' .* vllm_engine.kv_cache_dtype"),
+    ({"gpu-memory-utilization": 0.95}, [], r"vllm_engine.gpu_memory_utilization"),
+    ({"max-num-batched-tokens": 8192}, [], r"vllm_workload.tpot_seconds"),
+    ({"api-key": "x"}, [], r"vllm_flags.api-key: .* set by the role; set vllm_api_key"),
+    ({}, ["--max-num-seqs", "4"], r"vllm_extra_args: '--max-num-seqs' is set by the capacity plan"),
+    ({}, ["--max-num-seqs=4"], r"'--max-num-seqs=4' is set by the capacity plan"),
+    ({}, ["--no-enable-prefix-caching", "--gpu-memory-utilization", "0.5"], r"vllm_engine.gpu_memory_utilization"),
+    ({}, ["--host", "0.0.0.0"], r"'--host' is set by the role; set vllm_bind_address"),
+    ({}, ["--port", "9000"], r"'--port' is set by the role; set vllm_port"),
+    ({}, ["serve", "--enforce-eager"], r"'serve' is the subcommand the role already runs"),
+    ({}, ["--max-log-len 100"], r"'--max-log-len 100' is one token; split the flag from its value: "
+                                r"\['--max-log-len', '100'\]"),
+    ({}, "--enforce-eager", r"vllm_extra_args: '--enforce-eager' is not a list"),
+])
+def test_overrides_of_what_the_plan_or_the_role_sets_are_refused_with_the_input_to_use(flags, extra, match):
+    with pytest.raises(AnsibleFilterError, match=match):
+        checks.vllm_check_overrides(flags, extra)
+
+
+def test_other_flags_pass():
+    assert checks.vllm_check_overrides({"enforce-eager": True, "enable-prefix-caching": False},
+                                       ["--max-log-len", "100", "--no-enable-chunked-prefill"]) is True
 
 
 # --- CUDA -----------------------------------------------------------------------------------------------

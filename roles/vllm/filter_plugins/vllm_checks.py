@@ -7,6 +7,8 @@
   the old engine is gone, unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``).
 * ``vllm_cuda_check``: the engine image's CUDA requirement against what the driver supports.
 * ``vllm_gpu_holders``: ``nvidia-smi --query-compute-apps`` rows as readable text for error messages.
+* ``vllm_check_overrides``: ``vllm_flags`` and ``vllm_extra_args`` may not set what the capacity plan or
+  the role sets; each refusal names the planner input or role variable to use instead.
 """
 
 from __future__ import annotations
@@ -63,20 +65,78 @@ def vllm_weights_source(model: Mapping[str, Any]) -> dict[str, Any]:
             "cache_subdir": "models--" + name.replace("/", "--")}
 
 
-def vllm_max_model_len(limit: Any, workload: Mapping[str, Any], flags: Mapping[str, Any] | None = None) -> int:
-    """The engine's ``--max-model-len`` (an override in ``vllm_flags`` wins over the workload's maximum).
+# Flags the capacity plan sets, and the planner input that decides each: an override applied after the
+# plan would invalidate it (the KV-cache size, the gateway's caps and the alert thresholds follow the plan).
+PLANNED_FLAGS = {
+    "max-num-seqs": "vllm_workload.concurrent_sequences (the plan caps max-num-seqs at what the KV cache holds)",
+    "max-model-len": "vllm_workload.max_context_tokens",
+    "gpu-memory-utilization": "vllm_engine.gpu_memory_utilization",
+    "kv-cache-dtype": "vllm_engine.kv_cache_dtype",
+    "max-num-batched-tokens": "vllm_workload.tpot_seconds (the plan sizes the batch for the TPOT target)",
+    "max-num-queued-reqs": "vllm_workload.concurrent_sequences (the queue bound is a multiple of max-num-seqs)",
+    "tensor-parallel-size": "vllm_engine.tensor_parallel_size",
+    "block-size": "vllm_engine.block_size",
+    "quantization": "vllm_model.weight_format",
+}
+# Flags the role itself sets or must not be given in argv.
+ROLE_FLAGS = {
+    "served-model-name": "vllm_model.served_model_name",
+    "revision": "vllm_model.revision (or the lock file's vllm_model_revision)",
+    "model": "vllm_model.name",
+    "port": "vllm_port (the container always listens on 8000; vllm_port is the host's loopback port)",
+    "host": "vllm_bind_address (the address the container's port is published on)",
+    "api-key": "vllm_api_key, kept in the vault (a key in argv shows in `ps` and `docker inspect`)",
+}
+
+
+def vllm_check_overrides(flags: Mapping[str, Any] | None, extra_args: Any = ()) -> bool:
+    """Refuse engine flags that bypass the capacity plan or the role.
+
+    Inputs: ``vllm_flags`` (mapping of vLLM long option names without ``--``) and ``vllm_extra_args``
+    (list of argv tokens). Output: True when nothing is refused.
+    Raises AnsibleFilterError naming the field, the value and the fix for: a flag the plan sets (use the
+    planner input in ``PLANNED_FLAGS``, so the plan is recomputed and checked), a flag the role sets
+    (``ROLE_FLAGS``), the ``serve`` subcommand, or one token holding a flag and its value separated by
+    a space.
+    """
+    owned = {**PLANNED_FLAGS, **ROLE_FLAGS}
+    for name, value in (flags or {}).items():
+        key = str(name).removeprefix("--").removeprefix("no-")
+        if key in owned:
+            raise AnsibleFilterError(
+                f"vllm_flags.{name}: {value!r} is set by the {'capacity plan' if key in PLANNED_FLAGS else 'role'}; "
+                f"set {owned[key]} instead and drop the override")
+    if isinstance(extra_args, (str, bytes)) or not isinstance(extra_args, (list, tuple)):
+        raise AnsibleFilterError(f"vllm_extra_args: {extra_args!r} is not a list; give one argv token per item, "
+                                 "e.g. ['--enforce-eager', '--max-log-len', '100']")
+    for token in extra_args:
+        text = str(token)
+        if text == "serve":
+            raise AnsibleFilterError(
+                "vllm_extra_args: 'serve' is the subcommand the role already runs (vllm serve <model>); remove it")
+        if text.startswith("--") and " " in text.strip():
+            flag, _, rest = text.strip().partition(" ")
+            raise AnsibleFilterError(
+                f"vllm_extra_args: {text!r} is one token; split the flag from its value: "
+                f"[{flag!r}, {rest.strip()!r}]")
+        if text.startswith("-"):
+            key = text.split("=", 1)[0].lstrip("-").removeprefix("no-")
+            if key in owned:
+                raise AnsibleFilterError(
+                    f"vllm_extra_args: {text!r} is set by the "
+                    f"{'capacity plan' if key in PLANNED_FLAGS else 'role'}; set {owned[key]} instead")
+    return True
+
+
+def vllm_max_model_len(limit: Any, workload: Mapping[str, Any]) -> int:
+    """The engine's ``--max-model-len``: the workload's maximum context, checked against the model.
 
     Inputs: ``limit`` — the model's own limit in tokens (the planner's ``numbers.model_max_len``:
     ``max_position_embeddings`` or the other length keys of config.json, times the RoPE scaling factor,
-    as vLLM 0.32 derives it); ``workload`` — ``vllm_workload`` (``max_context_tokens``); ``flags`` —
-    ``vllm_flags``. Output: the effective value, tokens.
+    as vLLM 0.32 derives it); ``workload`` — ``vllm_workload`` (``max_context_tokens``). Output: tokens.
     Raises AnsibleFilterError naming the field, the value, the limit and the fix when it exceeds the limit.
     """
-    flags = flags or {}
-    if flags.get("max-model-len") is not None:
-        field, value = "vllm_flags.max-model-len", flags["max-model-len"]
-    else:
-        field, value = "vllm_workload.max_context_tokens", workload.get("max_context_tokens")
+    field, value = "vllm_workload.max_context_tokens", workload.get("max_context_tokens")
     try:
         value, limit = int(value), int(limit)
     except (TypeError, ValueError) as err:
@@ -168,4 +228,5 @@ class FilterModule:
             "vllm_max_model_len": vllm_max_model_len,
             "vllm_cuda_check": vllm_cuda_check,
             "vllm_gpu_holders": vllm_gpu_holders,
+            "vllm_check_overrides": vllm_check_overrides,
         }

@@ -10,7 +10,10 @@ Times are seconds, sizes tokens, unless a key says otherwise. The tasks only gat
 threshold and verdict is here, so ``tests/unit/test_verify.py`` tests them with real captured inputs.
 
 The ``/metrics`` and start-up log parsers are the project's shared ones in ``module_utils/`` (configured
-in ansible.cfg ``module_utils``), which the modules on the box import too.
+in ansible.cfg ``module_utils``), which the modules on the box import too. ``teamserve_metric`` (one value
+from a ``/metrics`` text) is here as well, for the upgrade's drain:
+
+    {{ metrics.content | teamserve_metric('vllm:num_requests_running') }}
 """
 
 from __future__ import annotations
@@ -68,6 +71,15 @@ def shared(name: str) -> ModuleType:
         return module
     raise AnsibleFilterError(f"{name}.py is not in the module_utils paths {C.DEFAULT_MODULE_UTILS_PATH}; "
                              "run with the project's ansible.cfg (module_utils = module_utils)")
+
+
+def teamserve_metric(text: Any, name: str) -> float | None:
+    """Sum of every sample named ``name`` (all label sets) in a ``/metrics`` text, in the metric's own unit;
+    None when absent. Raises AnsibleFilterError when ``text`` is not a string (the scrape returned nothing)."""
+    if not isinstance(text, str):
+        raise AnsibleFilterError(f"teamserve_metric: expected the /metrics text, got {type(text).__name__}")
+    value: float | None = shared("teamserve_prometheus").value(text, name)
+    return value
 
 
 def record(check_id: int, status: str, summary: str, **details: Any) -> Record:
@@ -678,4 +690,4 @@ class FilterModule:
         functions = (engine, failed, check_capacity, check_engine, bench_inputs, bench_run, check_targets,
                      check_load, long_prompt_inputs, check_long_prompt, check_limits, check_cold_start,
                      eval_parse, eval_answers, check_eval, host_addresses, check_outside, table, merge)
-        return {f"teamserve_verify_{f.__name__}": f for f in functions}
+        return {"teamserve_metric": teamserve_metric, **{f"teamserve_verify_{f.__name__}": f for f in functions}}
