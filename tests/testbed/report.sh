@@ -12,7 +12,8 @@ echo
 cat "$report"
 key=$(.venv/bin/ansible-vault view inventories/testbed/group_vars/teamserve/vault.yml |
       .venv/bin/python -c 'import sys,yaml; print(yaml.safe_load(sys.stdin)["vault_caddy_user_keys"]["alice"])')
-url=$(.venv/bin/python -c 'import yaml; v = yaml.safe_load(open("inventories/testbed/group_vars/teamserve/main.yml")); print(v["teamserve_gateway_scheme"] + "://10.231.0.10:" + str(v["caddy_listen_port"]))')
+# The URL the caddy role published, as the report printed it.
+url=$(sed -n 's|^Gateway URL: \([^ ]*\)/v1 .*|\1|p' "$report")
 ca="$TESTBED_CACHE/caddy-root.crt"   # the box's Caddy root certificate, fetched by the caddy role
 cat <<TXT
 

@@ -365,7 +365,7 @@ def test_eval_agreement_with_another_kv_cache_dtype():
 
 
 def test_eval_parse_reads_the_example_set_and_names_bad_lines():
-    path = REPO / "inventories/testbed/eval.jsonl"
+    path = REPO / "tests/fixtures/eval.jsonl"
     assert len(checks.eval_parse(path.read_text(), str(path))) == 4
     for bad, message in [('{"prompt": "a"}\nnot json\n', "line 2 is not JSON"),
                          ('{"question": "a"}\n', "'prompt' must be a non-empty string"),
@@ -421,3 +421,21 @@ def test_table_and_merge():
     lines = checks.table(results)
     assert [line.split()[0] for line in lines[2:6]] == ["3", "4", "6", "7"]
     assert "again" in lines[2] and lines[-1] == "0 passed, 2 failed, 2 skipped"
+
+
+# --- the upgrade's Retry-After while draining -------------------------------------------------------------
+retry = load("teamserve_upgrade_filters", "roles/teamserve_upgrade/filter_plugins/teamserve_upgrade.py")
+
+
+def test_retry_after_is_the_last_deploys_cold_start_rounded_up():
+    lines = [json.dumps({"trigger": "deploy", "seconds_to_health": 48.2}),
+             json.dumps({"trigger": "restart", "seconds_to_health": 26.8}),
+             "not json", json.dumps({"trigger": "deploy", "seconds_to_health": None}),
+             json.dumps({"trigger": "deploy", "seconds_to_health": 94.01})]
+    assert retry.teamserve_retry_after(lines, 60) == 95
+
+
+def test_retry_after_falls_back_to_restarts_then_to_the_setting():
+    assert retry.teamserve_retry_after([json.dumps({"trigger": "restart", "seconds_to_health": 26.1})], 60) == 27
+    assert retry.teamserve_retry_after([], 60) == 60
+    assert retry.teamserve_retry_after(["", "[]", json.dumps({"trigger": "deploy", "seconds_to_health": True})], 45) == 45

@@ -45,6 +45,10 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                              "vllm_engine.kv_cache_dtype.*fp4.*use one of auto"),
     "kv_dtype_override_bypassing_the_plan": ({"vllm_model": LOCAL_MODEL, "vllm_flags": {"kv-cache-dtype": "fp8"}},
                                              "vllm_flags.kv-cache-dtype: 'fp8' is set by the capacity plan; set vllm_engine.kv_cache_dtype"),
+    "ceiling_above_the_plan": ({"vllm_model": LOCAL_MODEL, "vllm_max_n": 99},
+                               r"vllm_max_n: 99 is above the plan's max-num-seqs \(8\); use at most 8, or 0"),
+    "ceiling_env_set_by_hand": ({"vllm_model": LOCAL_MODEL, "vllm_env": {"VLLM_MAX_N_SEQUENCES": "64"}},
+                                "vllm_env.VLLM_MAX_N_SEQUENCES: '64' is set by the role; set vllm_max_n instead"),
     "extra_args_repeating_a_planned_flag": ({"vllm_model": LOCAL_MODEL, "vllm_extra_args": ["--max-num-seqs", "4"]},
                                             "vllm_extra_args: '--max-num-seqs' is set by the capacity plan"),
 }

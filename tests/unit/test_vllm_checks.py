@@ -92,6 +92,38 @@ def test_overrides_of_what_the_plan_or_the_role_sets_are_refused_with_the_input_
         checks.vllm_check_overrides(flags, extra)
 
 
+# --- per-request ceilings ---------------------------------------------------------------------------------
+PLAN = {"flags": {"max-model-len": 32768, "max-num-seqs": 32}}
+
+
+def test_ceilings_derive_from_the_plan():
+    assert checks.vllm_ceilings(PLAN, {"avg_context_tokens": 4000}) == {
+        "max_output_tokens": 4000, "max_n": 8, "max_completion_prompts": 8}
+    small = {"flags": {"max-model-len": 2048, "max-num-seqs": 2}}
+    assert checks.vllm_ceilings(small, {"avg_context_tokens": 100}) == {
+        "max_output_tokens": 256, "max_n": 1, "max_completion_prompts": 1}
+    assert checks.vllm_ceilings(small, {"avg_context_tokens": 9000})["max_output_tokens"] == 2048
+
+
+def test_ceilings_follow_the_profile():
+    """A profile with more sequences raises n and prompts with it (the gateway's share rule)."""
+    low, high = ({"flags": {"max-model-len": 8192, "max-num-seqs": seqs}} for seqs in (8, 64))
+    assert checks.vllm_ceilings(low, {"avg_context_tokens": 1000})["max_n"] == 2
+    assert checks.vllm_ceilings(high, {"avg_context_tokens": 1000})["max_n"] == 16
+
+
+def test_given_ceilings_are_kept_within_the_plan():
+    assert checks.vllm_ceilings(PLAN, {"avg_context_tokens": 4000}, 1500, 4, 32) == {
+        "max_output_tokens": 1500, "max_n": 4, "max_completion_prompts": 32}
+    with pytest.raises(AnsibleFilterError, match=r"vllm_max_output_tokens: 40000 is above the plan's --max-model-len "
+                                                 r"\(32768\)"):
+        checks.vllm_ceilings(PLAN, {"avg_context_tokens": 4000}, 40000)
+    with pytest.raises(AnsibleFilterError, match=r"vllm_max_completion_prompts: 33 is above the plan's max-num-seqs"):
+        checks.vllm_ceilings(PLAN, {"avg_context_tokens": 4000}, 0, 0, 33)
+    with pytest.raises(AnsibleFilterError, match=r"vllm_max_n: -1 is not a whole number"):
+        checks.vllm_ceilings(PLAN, {"avg_context_tokens": 4000}, 0, -1)
+
+
 def test_other_flags_pass():
     assert checks.vllm_check_overrides({"enforce-eager": True, "enable-prefix-caching": False},
                                        ["--max-log-len", "100", "--no-enable-chunked-prefill"]) is True

@@ -54,7 +54,7 @@ def keys(vault) -> dict:
 def gateway_verify(testbed_vars):
     """What HTTP clients verify the gateway with: the root certificate of the box's Caddy internal CA,
     which the caddy role fetched to the controller (caddy_root_ca_local_path), or True for plain HTTP."""
-    if testbed_vars.get("teamserve_gateway_scheme", "http") != "https":
+    if testbed_vars.get("caddy_tls_mode", "internal") == "off":
         return True
     path = CACHE / "caddy-root.crt"
     assert path.read_text().startswith("-----BEGIN CERTIFICATE-----"), f"{path} is not a PEM certificate"

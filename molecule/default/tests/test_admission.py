@@ -10,6 +10,7 @@ bounded in count and time.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -32,8 +33,6 @@ SAMPLES = 6  # measured requests per other user and phase
 
 def _limits_module():
     """roles/caddy/filter_plugins/caddy_limits.py, the rule the role derives the per-user cap with."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("caddy_limits", REPO / "roles/caddy/filter_plugins/caddy_limits.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -41,7 +40,7 @@ def _limits_module():
 
 
 def base_url(testbed_vars: dict) -> str:
-    return f"{testbed_vars['teamserve_gateway_scheme']}://{BOX_LAN}:{testbed_vars['caddy_listen_port']}/v1"
+    return f"{'http' if testbed_vars['caddy_tls_mode'] == 'off' else 'https'}://{BOX_LAN}:{testbed_vars['caddy_listen_port']}/v1"
 
 
 def engine_flag(host, flag: str) -> int:
@@ -162,3 +161,36 @@ def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys
             assert all(isinstance(v, float) for v in values), f"{name} {phase}: {values}"  # never refused
             print(f"TTFT {name} {phase}: p95 {p95(values):.2f} s, median {statistics.median(values):.2f} s "
                   f"over {len(values)} requests (bob holding {cap} of max-num-seqs {seqs} during the flood)")
+
+
+def test_per_request_ceilings_come_from_the_plan(host, testbed_vars, keys, gateway_verify):
+    """n and the prompts per completions call above the plan's ceilings get the engine's 400 naming the
+    limit; max_tokens above the output ceiling is clamped to it (finish_reason "length")."""
+    checks_spec = importlib.util.spec_from_file_location("vllm_checks", REPO / "roles/vllm/filter_plugins/vllm_checks.py")
+    checks = importlib.util.module_from_spec(checks_spec)
+    checks_spec.loader.exec_module(checks)
+    flags = {"max-model-len": engine_flag(host, "max-model-len"), "max-num-seqs": engine_flag(host, "max-num-seqs")}
+    ceilings = checks.vllm_ceilings({"flags": flags}, testbed_vars["vllm_workload"],
+                                    testbed_vars.get("vllm_max_output_tokens", 0))
+    container = json.loads(host.check_output("docker inspect vllm"))[0]
+    env = dict(item.split("=", 1) for item in container["Config"]["Env"])
+    assert int(env["VLLM_MAX_N_SEQUENCES"]) == ceilings["max_n"] == max(1, flags["max-num-seqs"] // 4)
+    assert int(env["VLLM_MAX_COMPLETION_PROMPTS"]) == ceilings["max_completion_prompts"]
+    cmd = container["Config"]["Cmd"]
+    assert json.loads(cmd[cmd.index("--override-generation-config") + 1]) == {
+        "max_new_tokens": ceilings["max_output_tokens"]}
+
+    client = openai.OpenAI(base_url=base_url(testbed_vars), api_key=keys["alice"], max_retries=0,
+                           http_client=httpx.Client(verify=gateway_verify, timeout=300))
+    messages = [{"role": "user", "content": "Count."}]
+    answer = client.chat.completions.create(model="tiny", messages=messages, n=ceilings["max_n"], max_tokens=2)
+    assert len(answer.choices) == ceilings["max_n"]
+    with pytest.raises(openai.BadRequestError, match="VLLM_MAX_N_SEQUENCES"):
+        client.chat.completions.create(model="tiny", messages=messages, n=ceilings["max_n"] + 1, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="VLLM_MAX_COMPLETION_PROMPTS"):
+        client.completions.create(model="tiny", prompt=["Count."] * (ceilings["max_completion_prompts"] + 1),
+                                  max_tokens=2)
+    long = client.chat.completions.create(model="tiny", messages=messages, max_tokens=ceilings["max_output_tokens"] + 100,
+                                          extra_body={"ignore_eos": True})
+    assert long.usage.completion_tokens == ceilings["max_output_tokens"]
+    assert long.choices[0].finish_reason == "length"

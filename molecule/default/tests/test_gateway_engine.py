@@ -29,7 +29,7 @@ LONG = 1500
 
 
 def base_url(testbed_vars: dict) -> str:
-    return f"{testbed_vars['teamserve_gateway_scheme']}://{BOX_LAN}:{testbed_vars['caddy_listen_port']}/v1"
+    return f"{'http' if testbed_vars['caddy_tls_mode'] == 'off' else 'https'}://{BOX_LAN}:{testbed_vars['caddy_listen_port']}/v1"
 
 
 def sdk(testbed_vars: dict, key: str, verify) -> openai.OpenAI:

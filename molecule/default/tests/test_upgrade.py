@@ -77,12 +77,14 @@ def run_upgrade() -> subprocess.CompletedProcess:
 
 
 class GatewayWatcher(threading.Thread):
-    """Asks the gateway for /v1/models every 0.5 s while an upgrade runs; keeps (status, code, Retry-After)."""
+    """Asks the gateway for /v1/models and /health every 0.5 s while an upgrade runs; keeps (status, code,
+    Retry-After) of each, in ``seen`` and ``health``."""
 
     def __init__(self, key: str) -> None:
         super().__init__(daemon=True)
         self.key, self.done = key, threading.Event()
         self.seen: list[tuple[int, str | None, str | None]] = []
+        self.health: list[tuple[int, str | None]] = []
 
     def run(self) -> None:
         with httpx.Client(verify=str(CA), timeout=10) as http:
@@ -91,6 +93,8 @@ class GatewayWatcher(threading.Thread):
                     response = http.get(GATEWAY + "/models", headers={"Authorization": f"Bearer {self.key}"})
                     code = response.json().get("error", {}).get("code") if response.status_code != 200 else None
                     self.seen.append((response.status_code, code, response.headers.get("Retry-After")))
+                    health = http.get(GATEWAY.removesuffix("/v1") + "/health")
+                    self.health.append((health.status_code, health.headers.get("Retry-After")))
                 except (httpx.HTTPError, ValueError) as exc:
                     self.seen.append((0, type(exc).__name__, None))
                 time.sleep(0.5)
@@ -150,7 +154,7 @@ def broken_upgrade(host, before) -> dict:
         result = run_upgrade()
     finally:
         set_pin(before["pins"]["vllm_image_digest"])  # what the admin does after a rollback
-    return {"result": result, "seconds": time.monotonic() - started, "seen": watcher.stop(),
+    return {"result": result, "seconds": time.monotonic() - started, "seen": watcher.stop(), "health": watcher.health,
             "engine": engine(host), "pins": deployed_pins(host), "history": history(host)}
 
 
@@ -216,12 +220,17 @@ def test_broken_upgrade_recorded_as_rolled_back(before, broken_upgrade):
     assert "health" in record["failed_task"] and "not ready" in record["reason"]
 
 
-def test_users_were_told_maintenance_then_served(broken_upgrade):
+def test_users_were_told_maintenance_then_served(before, broken_upgrade):
+    """503 maintenance with Retry-After = the box's last deploy cold start (rounded up), /health 503 while
+    draining, then served again."""
+    deploys = [float(r["seconds_to_health"]) for r in history_of_starts(before) if r["trigger"] == "deploy"]
     seen = broken_upgrade["seen"]
     maintenance = [s for s in seen if s[0] == 503 and s[1] == "maintenance"]
     assert maintenance, seen
-    assert all(int(s[2]) > 0 for s in maintenance)
+    assert {int(s[2]) for s in maintenance} == {math.ceil(deploys[-1])}, (maintenance[:3], deploys)
     assert seen[-1][0] == 200, seen[-10:]
+    health = broken_upgrade["health"]
+    assert (503, str(math.ceil(deploys[-1]))) in health and health[-1][0] == 200, health[-10:]
 
 
 def test_healthy_upgrade_switches(healthy_upgrade):

@@ -7,6 +7,8 @@
   the old engine is gone, unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``).
 * ``vllm_cuda_check``: the engine image's CUDA requirement against what the driver supports.
 * ``vllm_gpu_holders``: ``nvidia-smi --query-compute-apps`` rows as readable text for error messages.
+* ``vllm_ceilings``: the per-request ceilings (output tokens, ``n``, prompts per completions call) from
+  the plan, or the admin's values checked against it.
 * ``vllm_check_overrides``: ``vllm_flags`` and ``vllm_extra_args`` may not set what the capacity plan or
   the role sets; each refusal names the planner input or role variable to use instead.
 """
@@ -86,19 +88,66 @@ ROLE_FLAGS = {
     "port": "vllm_port (the container always listens on 8000; vllm_port is the host's loopback port)",
     "host": "vllm_bind_address (the address the container's port is published on)",
     "api-key": "vllm_api_key, kept in the vault (a key in argv shows in `ps` and `docker inspect`)",
+    "override-generation-config": "vllm_max_output_tokens (the role sets max_new_tokens from the plan)",
 }
+# Engine environment variables the role sets from vllm_ceilings.
+CEILING_ENV = {"VLLM_MAX_N_SEQUENCES": "vllm_max_n", "VLLM_MAX_COMPLETION_PROMPTS": "vllm_max_completion_prompts"}
 
 
-def vllm_check_overrides(flags: Mapping[str, Any] | None, extra_args: Any = ()) -> bool:
+def vllm_ceilings(plan: Mapping[str, Any], workload: Mapping[str, Any], max_output_tokens: Any = 0,
+                  max_n: Any = 0, max_completion_prompts: Any = 0) -> dict[str, int]:
+    """Per-request ceilings the engine enforces, from the capacity plan.
+
+    Inputs: the plan (``flags['max-model-len']``, ``flags['max-num-seqs']``), ``vllm_workload``
+    (``avg_context_tokens``) and the admin's values, 0 meaning derived:
+      - ``max_output_tokens`` (tokens): the average context the plan was sized for, at least 256, at most
+        --max-model-len; vLLM 0.32 clamps every request's max_tokens to it (serve/utils/api_utils.py
+        ``get_max_tokens``, ``override_max_tokens`` from --override-generation-config max_new_tokens);
+      - ``max_n`` and ``max_completion_prompts``: max(1, max-num-seqs // 4), the share of the batch one
+        user may hold in flight at the gateway; vLLM 0.32 answers 400 above them (sampling_params.py
+        ``VLLM_MAX_N_SEQUENCES``; completion/protocol.py ``VLLM_MAX_COMPLETION_PROMPTS``).
+    Output: ``{"max_output_tokens", "max_n", "max_completion_prompts"}``, ints.
+    Raises AnsibleFilterError naming the variable, the value and the allowed range when a value is not
+    an integer in [1, --max-model-len] (output tokens) or [1, max-num-seqs] (the others).
+    """
+    flags = plan.get("flags", {})
+    max_len, seqs = int(flags["max-model-len"]), int(flags["max-num-seqs"])
+    share = max(1, seqs // 4)
+    derived = {"max_output_tokens": min(max_len, max(256, int(workload.get("avg_context_tokens", 0)))),
+               "max_n": share, "max_completion_prompts": share}
+    given = {"max_output_tokens": max_output_tokens, "max_n": max_n, "max_completion_prompts": max_completion_prompts}
+    bounds = {"max_output_tokens": (max_len, "--max-model-len"), "max_n": (seqs, "max-num-seqs"),
+              "max_completion_prompts": (seqs, "max-num-seqs")}
+    out: dict[str, int] = {}
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+            raise AnsibleFilterError(f"vllm_{key}: {value!r} is not a whole number; use 0 to derive it from the plan")
+        number = int(value)
+        upper, name = bounds[key]
+        if number > upper:
+            raise AnsibleFilterError(
+                f"vllm_{key}: {number} is above the plan's {name} ({upper}); use at most {upper}, or 0 to derive "
+                f"it from the plan ({derived[key]})")
+        out[key] = number or derived[key]
+    return out
+
+
+
+def vllm_check_overrides(flags: Mapping[str, Any] | None, extra_args: Any = (),
+                         env: Mapping[str, Any] | None = None) -> bool:
     """Refuse engine flags that bypass the capacity plan or the role.
 
     Inputs: ``vllm_flags`` (mapping of vLLM long option names without ``--``) and ``vllm_extra_args``
-    (list of argv tokens). Output: True when nothing is refused.
+    (list of argv tokens), ``vllm_env`` (the engine's extra environment). Output: True when nothing is
+    refused.
     Raises AnsibleFilterError naming the field, the value and the fix for: a flag the plan sets (use the
     planner input in ``PLANNED_FLAGS``, so the plan is recomputed and checked), a flag the role sets
     (``ROLE_FLAGS``), the ``serve`` subcommand, or one token holding a flag and its value separated by
-    a space.
+    a space, an environment variable the role sets (``CEILING_ENV``).
     """
+    for name, value in (env or {}).items():
+        if name in CEILING_ENV:
+            raise AnsibleFilterError(f"vllm_env.{name}: {value!r} is set by the role; set {CEILING_ENV[name]} instead")
     owned = {**PLANNED_FLAGS, **ROLE_FLAGS}
     for name, value in (flags or {}).items():
         key = str(name).removeprefix("--").removeprefix("no-")
@@ -229,4 +278,5 @@ class FilterModule:
             "vllm_cuda_check": vllm_cuda_check,
             "vllm_gpu_holders": vllm_gpu_holders,
             "vllm_check_overrides": vllm_check_overrides,
+            "vllm_ceilings": vllm_ceilings,
         }
