@@ -85,7 +85,7 @@ def dana(testbed_vars, gateway_verify, tmp_path):
     users_play("revoke", "dana", keys_file, users)
 
 
-def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys, gateway_verify, dana):
+def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys, gateway_verify, dana, capsys):
     seqs = engine_flag(host, "max-num-seqs")
     bob = next(u for u in testbed_vars["caddy_users"] if u["name"] == "bob")
     cap = bob.get("max_inflight") or _limits_module().caddy_user_inflight_default(seqs)
@@ -159,8 +159,9 @@ def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys
     for phase, results in (("without the flood", baseline), ("during the flood", during)):
         for name, values in results.items():
             assert all(isinstance(v, float) for v in values), f"{name} {phase}: {values}"  # never refused
-            print(f"TTFT {name} {phase}: p95 {p95(values):.2f} s, median {statistics.median(values):.2f} s "
-                  f"over {len(values)} requests (bob holding {cap} of max-num-seqs {seqs} during the flood)")
+            with capsys.disabled():  # a benchmark figure for the scenario's log, not an assertion
+                print(f"TTFT {name} {phase}: p95 {p95(values):.2f} s, median {statistics.median(values):.2f} s "
+                      f"over {len(values)} requests (bob holding {cap} of max-num-seqs {seqs} during the flood)")
 
 
 def test_per_request_ceilings_come_from_the_plan(host, testbed_vars, keys, gateway_verify):

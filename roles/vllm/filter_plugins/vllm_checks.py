@@ -185,11 +185,11 @@ def vllm_max_model_len(limit: Any, workload: Mapping[str, Any]) -> int:
     as vLLM 0.32 derives it); ``workload`` — ``vllm_workload`` (``max_context_tokens``). Output: tokens.
     Raises AnsibleFilterError naming the field, the value, the limit and the fix when it exceeds the limit.
     """
-    field, value = "vllm_workload.max_context_tokens", workload.get("max_context_tokens")
+    field, given = "vllm_workload.max_context_tokens", workload.get("max_context_tokens")
     try:
-        value, limit = int(value), int(limit)
+        value, limit = int(str(given)), int(limit)
     except (TypeError, ValueError) as err:
-        raise AnsibleFilterError(f"{field}: '{value}' is not a number of tokens") from err
+        raise AnsibleFilterError(f"{field}: '{given}' is not a number of tokens") from err
     if value > limit:
         raise AnsibleFilterError(
             f"{field}: {value} tokens is above the model's own limit of {limit} (max_position_embeddings and "
