@@ -68,6 +68,18 @@ def ttft(url: str, key: str, verify) -> float | str:
         return first if first is not None else "no token"
 
 
+def max_concurrent(host, user: str, since: float) -> int:
+    """Most of `user`'s accepted chat requests the gateway had in flight at once since `since` (epoch s),
+    from its JSON access log (each entry's ts is its end, duration its length)."""
+    spans = []
+    for line in host.check_output("cat /var/log/caddy/access.log").splitlines():
+        entry = json.loads(line)
+        if (entry.get("user") == user and entry.get("status") == 200 and entry["ts"] >= since
+                and entry["request"]["uri"] == "/v1/chat/completions"):
+            spans.append((entry["ts"] - entry["duration"], entry["ts"]))
+    return max((sum(start <= at < end for start, end in spans) for at, _ in spans), default=0)
+
+
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
 
@@ -114,47 +126,53 @@ def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys
     hang_up = threading.Event()
     outcomes: list[str] = []
     lock = threading.Lock()
+    # All flood requests leave together. The CPU engine starves the box's other processes while it
+    # generates, so some still reach the gateway after an accepted stream ended (about 10 s here): what
+    # is checked is bob's concurrency as the gateway saw it, from its access log.
+    start_line = threading.Barrier(flood, timeout=60)
+    flood_started = time.time() - 1
 
     def flood_stream() -> None:
         body = {"model": "tiny", "stream": True, "max_tokens": LONG, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "Count."}]}
         try:
-            with httpx.Client(verify=gateway_verify, timeout=120) as client, \
-                    client.stream("POST", url, json=body,
-                                  headers={"Authorization": f"Bearer {keys['bob']}"}) as response:
-                if response.status_code != 200:
-                    response.read()
+            with httpx.Client(verify=gateway_verify, timeout=120) as client:
+                start_line.wait()
+                with client.stream("POST", url, json=body,
+                                   headers={"Authorization": f"Bearer {keys['bob']}"}) as response:
+                    if response.status_code != 200:
+                        response.read()
+                        with lock:
+                            outcomes.append(f"{response.status_code} {response.json()['error']['code']} "
+                                            f"retry-after={response.headers.get('retry-after')}")
+                        return
                     with lock:
-                        outcomes.append(f"{response.status_code} {response.json()['error']['code']} "
-                                        f"retry-after={response.headers.get('retry-after')}")
-                    return
-                with lock:
-                    outcomes.append("200")
-                for _ in response.iter_lines():
-                    if hang_up.is_set():
-                        break  # leaving the with-blocks closes the connection: the slot is released
-        except httpx.HTTPError as err:
+                        outcomes.append("200")
+                    for _ in response.iter_lines():
+                        if hang_up.is_set():
+                            break  # leaving the with-blocks closes the connection: the slot is released
+        except (httpx.HTTPError, threading.BrokenBarrierError) as err:
             with lock:
                 outcomes.append(f"error {err!r}")
 
     flooders = []
-    for _ in range(flood):  # bounded: 10x the cap, started one after another
+    for _ in range(flood):  # bounded: 10x the cap
         thread = threading.Thread(target=flood_stream, daemon=True)
         thread.start()
         flooders.append(thread)
-        time.sleep(0.1)
     try:
         deadline = time.monotonic() + 120
         while len(outcomes) < flood and time.monotonic() < deadline:
             time.sleep(0.2)
         during = measure()
         refused = [o for o in outcomes if o != "200"]
-        assert outcomes.count("200") == cap, outcomes
-        assert refused == ["429 concurrency_limit_exceeded retry-after=1"] * (flood - cap), outcomes
+        assert len(outcomes) == flood and cap <= outcomes.count("200") < flood, outcomes
+        assert set(refused) == {"429 concurrency_limit_exceeded retry-after=1"}, outcomes
     finally:
         hang_up.set()
         for thread in flooders:
             thread.join(timeout=60)
+    assert max_concurrent(host, "bob", flood_started) == cap
 
     for phase, results in (("without the flood", baseline), ("during the flood", during)):
         for name, values in results.items():
