@@ -132,7 +132,6 @@ def vllm_ceilings(plan: Mapping[str, Any], workload: Mapping[str, Any], max_outp
     return out
 
 
-
 def vllm_check_overrides(flags: Mapping[str, Any] | None, extra_args: Any = (),
                          env: Mapping[str, Any] | None = None) -> bool:
     """Refuse engine flags that bypass the capacity plan or the role.
