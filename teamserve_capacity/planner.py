@@ -40,6 +40,20 @@ MAX_NUM_SEQS = 1024
 # queueing without bound. 4 is a judgement, not a vLLM default: a queued request
 # waits behind at most about four requests per slot.
 QUEUE_PER_SEQ = 4
+# One user may hold at most this share of the batch (--max-num-seqs) in flight by default: with a quarter
+# each, a user who floods the gateway leaves three quarters of the batch to the others, and four users at
+# their cap fill it exactly, so the cap costs no throughput once the team is busy. A judgement, not a
+# vLLM default; the gateway's per-user in-flight cap and the engine's n / prompts-per-call ceilings use it.
+USER_SHARE_DIVISOR = 4
+
+
+def user_inflight_share(max_num_seqs: int) -> int:
+    """Default per-user in-flight cap, in requests: ``max(1, max_num_seqs // USER_SHARE_DIVISOR)``.
+
+    Input: the engine's --max-num-seqs (sequences in one batch), an int >= 1 (callers validate it).
+    Output: int >= 1. Rule and reason: :data:`USER_SHARE_DIVISOR`.
+    """
+    return max(1, int(max_num_seqs) // USER_SHARE_DIVISOR)
 
 
 @dataclass(frozen=True)
@@ -170,8 +184,10 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
             block_size, vllm_version, measured?}``; ``measured`` holds numbers
             from a start-up log (see :func:`teamserve_capacity.logs.parse_startup_log`).
     Returns:
-        ``{fits, verdict, levers, table, numbers, flags, layers}`` (see
-        docs/contracts.md); every byte count is per GPU.
+        ``{fits, verdict, levers, table, numbers, flags, layers, admission}`` (see
+        docs/contracts.md); every byte count is per GPU. ``admission`` is
+        ``{user_max_inflight}``: the default per-user in-flight share, in
+        requests (:func:`user_inflight_share`).
     Raises:
         PlanError: any bad or unsupported input, before any number is produced.
     """
@@ -339,8 +355,9 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
                                      num_blocks, in_flight, max_model_len)
     verdict = _verdict(fits, w, conc_avg, conc_max, max_model_len, budget)
     from .report import format_table
+    admission = {"user_max_inflight": user_inflight_share(flags["max-num-seqs"])}
     result = {"fits": fits, "verdict": verdict, "levers": levers, "numbers": numbers,
-              "flags": flags, "layers": layers}
+              "flags": flags, "layers": layers, "admission": admission}
     result["table"] = format_table(result)
     return result
 

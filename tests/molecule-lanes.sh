@@ -6,9 +6,11 @@
 # An item is a scenario ("molecule test -s NAME") or NAME:ACTION+ACTION... (molecule's own commands, in
 # order). When an action fails, the scenario is destroyed and its later items are skipped; other
 # scenarios go on. Output: $MOLECULE_LOG_DIR/<scenario>.log; each item's seconds and result are printed as
-# it ends, a failed scenario's failing tasks and log tail at the end; non-zero exit if any failed.
+# it ends; at the end a failed scenario's log tail, then its failing tasks and tests (CI keeps the
+# last lines); non-zero exit if any failed.
 set -uo pipefail
 log_dir=${MOLECULE_LOG_DIR:-.cache/molecule-logs}
+export COLUMNS=${COLUMNS:-200} # molecule and pytest wrap at the terminal width; wide lines grep whole
 mkdir -p "$log_dir"
 rm -f "$log_dir"/*.log "$log_dir"/*.failed
 
@@ -53,14 +55,21 @@ for lane in "$@"; do
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 
-failed=0
+# CI shows only the end of the output: the log tails first, the failing tasks and tests last.
+plain() { sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^ *│ *//' "$@"; }
+failed=()
 for marker in "$log_dir"/*.failed; do
   [ -e "$marker" ] || continue
-  scenario=$(basename "$marker" .failed)
-  failed=1
-  echo "===== molecule $scenario FAILED in $(cat "$marker"): failing tasks and tests in $log_dir/$scenario.log ====="
-  grep -n -A 12 -E 'fatal: \[|FAILED! =>|failed: \[|^E  |FAILED .*::| failed=[1-9]|ERROR ' "$log_dir/$scenario.log" | head -n 300
-  echo "===== last 60 lines ====="
-  tail -n 60 "$log_dir/$scenario.log"
+  failed+=("$(basename "$marker" .failed)")
 done
-exit "$failed"
+for scenario in "${failed[@]}"; do
+  echo "===== molecule $scenario: last 40 lines of $log_dir/$scenario.log ====="
+  plain "$log_dir/$scenario.log" | tail -n 40
+done
+for scenario in "${failed[@]}"; do
+  echo "===== molecule $scenario FAILED in $(cat "$log_dir/$scenario.failed"): failing tasks and tests ====="
+  plain "$log_dir/$scenario.log" | grep -A 8 -E 'fatal: \[|failed: \[|^E  ' | cut -c1-200 | head -n 120
+  plain "$log_dir/$scenario.log" | grep -v 'FAILED - RETRYING' | grep -E '^(FAILED|ERROR) |^=+ .*(failed|error)' | cut -c1-300
+done
+[ "${#failed[@]}" -eq 0 ] || echo "molecule: FAILED: ${failed[*]}"
+[ "${#failed[@]}" -eq 0 ]

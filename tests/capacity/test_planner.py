@@ -37,6 +37,16 @@ def test_testbed_tiny_llama_fits(tiny_model, workload) -> None:
     assert "left for KV" in result["table"]
 
 
+@pytest.mark.parametrize("seqs", [1, 8, 16, 64])
+def test_admission_share_follows_the_planned_batch(tiny_model, workload, seqs: int) -> None:
+    """The per-user in-flight share is a quarter of the planned max-num-seqs, at least 1: a change of
+    workload that changes the batch changes the gateway's default cap and the engine's n ceiling."""
+    result = plan(tiny_model, dict(workload, concurrent_sequences=seqs), [RTX_PRO_6000], ENGINE)
+    planned = result["flags"]["max-num-seqs"]
+    assert result["admission"] == {"user_max_inflight": max(1, planned // 4)}
+    assert 1 <= result["admission"]["user_max_inflight"] <= planned
+
+
 def test_max_model_len_never_exceeds_model_or_workload(tiny_model, workload) -> None:
     workload["max_context_tokens"] = 100_000
     result = plan(tiny_model, workload, [RTX_PRO_6000], ENGINE)

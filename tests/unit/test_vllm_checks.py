@@ -11,6 +11,8 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from repo_modules import load
 
+from teamserve_capacity.planner import user_inflight_share
+
 checks = load("vllm_checks", "roles/vllm/filter_plugins/vllm_checks.py")
 snapshot = load("vllm_hf_snapshot", "roles/vllm/library/vllm_hf_snapshot.py")
 
@@ -93,13 +95,19 @@ def test_overrides_of_what_the_plan_or_the_role_sets_are_refused_with_the_input_
 
 
 # --- per-request ceilings ---------------------------------------------------------------------------------
-PLAN = {"flags": {"max-model-len": 32768, "max-num-seqs": 32}}
+def plan_of(max_model_len: int, max_num_seqs: int) -> dict:
+    """The parts of a capacity plan the ceilings read; the share is the planner's own rule."""
+    return {"flags": {"max-model-len": max_model_len, "max-num-seqs": max_num_seqs},
+            "admission": {"user_max_inflight": user_inflight_share(max_num_seqs)}}
+
+
+PLAN = plan_of(32768, 32)
 
 
 def test_ceilings_derive_from_the_plan():
     assert checks.vllm_ceilings(PLAN, {"avg_context_tokens": 4000}) == {
         "max_output_tokens": 4000, "max_n": 8, "max_completion_prompts": 8}
-    small = {"flags": {"max-model-len": 2048, "max-num-seqs": 2}}
+    small = plan_of(2048, 2)
     assert checks.vllm_ceilings(small, {"avg_context_tokens": 100}) == {
         "max_output_tokens": 256, "max_n": 1, "max_completion_prompts": 1}
     assert checks.vllm_ceilings(small, {"avg_context_tokens": 9000})["max_output_tokens"] == 2048
@@ -107,7 +115,7 @@ def test_ceilings_derive_from_the_plan():
 
 def test_ceilings_follow_the_profile():
     """A profile with more sequences raises n and prompts with it (the gateway's share rule)."""
-    low, high = ({"flags": {"max-model-len": 8192, "max-num-seqs": seqs}} for seqs in (8, 64))
+    low, high = (plan_of(8192, seqs) for seqs in (8, 64))
     assert checks.vllm_ceilings(low, {"avg_context_tokens": 1000})["max_n"] == 2
     assert checks.vllm_ceilings(high, {"avg_context_tokens": 1000})["max_n"] == 16
 

@@ -6,13 +6,17 @@ import json
 import os
 import pathlib
 import subprocess
+import threading
+import time
 
+import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import pytest
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 GROUP_VARS = REPO / "inventories" / "testbed" / "group_vars" / "teamserve"
 CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed"))
+GATEWAY = "https://10.231.0.10:8443"  # the testbed box on the LAN (caddy_tls_mode internal)
 
 
 def users_play(action: str, name: str, keys_file, users: list) -> None:
@@ -26,6 +30,35 @@ def users_play(action: str, name: str, keys_file, users: list) -> None:
          str(REPO / "playbooks" / "users.yml"), "-e", json.dumps(extra)],
         env=env, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+class GatewayWatcher(threading.Thread):
+    """Asks the gateway for /v1/models and /health every 0.5 s while a playbook changes the engine; keeps
+    (status, error code, Retry-After) of each, in ``seen`` and ``health``."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(daemon=True)
+        self.key, self.done = key, threading.Event()
+        self.seen: list[tuple[int, str | None, str | None]] = []
+        self.health: list[tuple[int, str | None]] = []
+
+    def run(self) -> None:
+        with httpx.Client(verify=str(CACHE / "caddy-root.crt"), timeout=10) as http:
+            while not self.done.is_set():
+                try:
+                    response = http.get(GATEWAY + "/v1/models", headers={"Authorization": f"Bearer {self.key}"})
+                    code = response.json().get("error", {}).get("code") if response.status_code != 200 else None
+                    self.seen.append((response.status_code, code, response.headers.get("Retry-After")))
+                    health = http.get(GATEWAY + "/health")
+                    self.health.append((health.status_code, health.headers.get("Retry-After")))
+                except (httpx.HTTPError, ValueError) as exc:
+                    self.seen.append((0, type(exc).__name__, None))
+                time.sleep(0.5)
+
+    def stop(self) -> list:
+        self.done.set()
+        self.join(20)
+        return self.seen
 
 
 @pytest.fixture(scope="session")

@@ -20,13 +20,13 @@ import os
 import pathlib
 import re
 import subprocess
-import threading
 import time
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import yaml
+from conftest import GatewayWatcher
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -74,35 +74,6 @@ def run_upgrade() -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(PROJECT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), str(PROJECT / "playbooks/upgrade.yml")],
         env=env, capture_output=True, text=True, timeout=1500, check=False)
-
-
-class GatewayWatcher(threading.Thread):
-    """Asks the gateway for /v1/models and /health every 0.5 s while an upgrade runs; keeps (status, code,
-    Retry-After) of each, in ``seen`` and ``health``."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(daemon=True)
-        self.key, self.done = key, threading.Event()
-        self.seen: list[tuple[int, str | None, str | None]] = []
-        self.health: list[tuple[int, str | None]] = []
-
-    def run(self) -> None:
-        with httpx.Client(verify=str(CA), timeout=10) as http:
-            while not self.done.is_set():
-                try:
-                    response = http.get(GATEWAY + "/models", headers={"Authorization": f"Bearer {self.key}"})
-                    code = response.json().get("error", {}).get("code") if response.status_code != 200 else None
-                    self.seen.append((response.status_code, code, response.headers.get("Retry-After")))
-                    health = http.get(GATEWAY.removesuffix("/v1") + "/health")
-                    self.health.append((health.status_code, health.headers.get("Retry-After")))
-                except (httpx.HTTPError, ValueError) as exc:
-                    self.seen.append((0, type(exc).__name__, None))
-                time.sleep(0.5)
-
-    def stop(self) -> list:
-        self.done.set()
-        self.join(20)
-        return self.seen
 
 
 def engine(host) -> dict:

@@ -1,10 +1,11 @@
-"""The vllm role's engine container on the testbed box (issue 5): its spec, the weights it reads, the
-secrets it must not show, and its lifecycle — a no-op re-run keeps the container, a changed flag recreates
-it only after the GPU memory is free (a process still holding it is named), and nothing is downloaded again.
+"""The vllm role's engine container on the testbed box: its spec, the weights it reads, the secrets it
+must not show, and its lifecycle — a no-op re-run keeps the container, a process still holding the GPU is
+named (the engine is left stopped), a changed flag through site.yml then drains the gateway and recreates
+the engine after the GPU memory is free, and nothing is downloaded again.
 
-The lifecycle tests re-run the vllm role alone against the converged box (ansible-playbook with the
-scenario's inventory) and run in file order. They cost one engine cold start (the changed flag): the
-changed engine is left running, and test_upgrade.py (run after every other test) puts converge's flags
+The lifecycle tests re-run the vllm role alone, then site.yml, against the converged box (ansible-playbook
+with the scenario's inventory) and run in file order. They cost one engine cold start (the changed flag):
+the changed engine is left running, and test_upgrade.py (run after every other test) puts converge's flags
 back with its rollback, a recreate it does anyway, and checks that it did.
 """
 
@@ -14,11 +15,13 @@ import json
 import os
 import pathlib
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 import yaml
+from conftest import GatewayWatcher
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -181,16 +184,42 @@ def test_a_process_holding_the_gpu_stops_the_new_engine_and_is_named(host, origi
     assert c["Id"] == original["id"] and not c["State"]["Running"]  # stopped, not replaced
 
 
-def test_changed_flag_recreates_after_the_gpu_is_free(host, original, tmp_path):
-    """Left changed: test_upgrade.py's rollback recreates the engine with converge's flags and checks it."""
+def run_site(extra_vars: dict) -> subprocess.CompletedProcess:
+    """site.yml against the converged box, as an admin re-runs it after editing the inventory."""
+    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(pathlib.Path(inventory).parent),
+                           "-e", json.dumps(extra_vars), str(REPO / "site.yml")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1500, check=False)
+
+
+def test_changed_flag_through_site_yml_drains_then_recreates_after_the_gpu_is_free(host, original, keys):
+    """An admin changes a flag and re-runs site.yml while the engine is down (the test above left it stopped,
+    as a crash would): from the moment site.yml replaces the engine, users get 503 maintenance with
+    Retry-After and /health 503, never a bare 502, until the new engine serves. Left changed:
+    test_upgrade.py's rollback recreates the engine with converge's flags and checks it."""
+    assert not inspect(host)["State"]["Running"]
     before = hub_stats()
-    rc, results = run_role(tmp_path, {"vllm_flags": CHANGED_FLAG})
-    assert rc == 0, results
+    watcher = GatewayWatcher(keys["bob"])
+    watcher.start()
+    # No second restart to measure the cold start: the recreate is recorded as a deploy anyway.
+    run = run_site({"vllm_flags": CHANGED_FLAG, "vllm_cold_start_measure": "never"})
+    time.sleep(2)  # the gateway reopens with the play's last handler
+    seen = watcher.stop()
+    assert run.returncode == 0, run.stdout[-3000:]
     changed = inspect(host)
     assert changed["Id"] != original["id"] and changed["State"]["Running"]
     cmd = changed["Config"]["Cmd"]
     assert cmd[cmd.index("--uvicorn-log-level") + 1] == "warning"
     assert without(cmd, "--uvicorn-log-level") == original["cmd"]  # nothing else changed
-    assert results["Wait until no process holds GPU memory"]["stdout"] == ""
-    assert results["Wait for the engine to load the model and answer /health"]["seconds_to_health"] > 0
     assert hub_stats().get("download", 0) == before.get("download", 0)  # recreating downloads nothing
+    first = next((i for i, s in enumerate(seen) if s[:2] == (503, "maintenance")), None)
+    assert first is not None, seen
+    # Before it: the stopped engine's 502 engine_unavailable; from it on: maintenance, then served.
+    assert {s[:2] for s in seen[:first]} <= {(502, "engine_unavailable")}, seen[:first]
+    after = seen[first:]
+    assert not [s for s in after if s[0] in (0, 502)], after
+    assert all(int(s[2]) > 0 for s in after if s[0] == 503), after
+    assert (503, seen[first][2]) in watcher.health, watcher.health  # /health told a balancer too
+    assert after[-1][0] == 200, after[-10:]

@@ -1,16 +1,15 @@
 """The gateway's admission limits, derived from the engine's capacity plan (``vllm_plan.flags``).
 
 Plain functions with no Ansible imports, tested by ``tests/gateway/test_caddy_limits.py``. The role's
-defaults call them; nothing here is typed by hand in an inventory.
+defaults call them; nothing here is typed by hand in an inventory. The admission rules themselves are
+the capacity planner's (``teamserve_capacity.planner``), so the plan and the gateway cannot disagree.
 """
 from __future__ import annotations
 
 from typing import Any
 
-# One user may hold at most this share of the engine's batch (--max-num-seqs) by default: with a
-# quarter each, a user who floods the gateway leaves three quarters of the batch to the others, and four
-# users at their cap fill it exactly, so concurrency per user costs no throughput once the team is busy.
-USER_SHARE_DIVISOR = 4
+from teamserve_capacity.planner import user_inflight_share
+
 # Request body bound per token of --max-model-len, in bytes. A token of text is about 4 bytes of UTF-8
 # on average for English; 32 covers the worst cases with room to spare: a 4-byte UTF-8 character
 # JSON-escaped as a surrogate pair "\\uXXXX\\uXXXX" is 12 bytes, and BPE tokens rarely hold more than
@@ -36,12 +35,13 @@ def _positive_int(value: Any, field: str) -> int:
 
 
 def caddy_user_inflight_default(max_num_seqs: Any) -> int:
-    """Default per-user in-flight cap K, in requests: ``max(1, max_num_seqs // USER_SHARE_DIVISOR)``.
+    """Default per-user in-flight cap K, in requests: the planner's share of the batch,
+    ``max(1, max_num_seqs // 4)`` (``teamserve_capacity.planner.user_inflight_share``, which says why).
 
     Input: the engine's --max-num-seqs (sequences in one batch). Output: int >= 1.
     Raises ValueError if max_num_seqs is not a whole number >= 1.
     """
-    return max(1, _positive_int(max_num_seqs, "caddy_engine_max_num_seqs") // USER_SHARE_DIVISOR)
+    return user_inflight_share(_positive_int(max_num_seqs, "caddy_engine_max_num_seqs"))
 
 
 def caddy_global_inflight(max_num_seqs: Any, max_num_queued_reqs: Any) -> int:

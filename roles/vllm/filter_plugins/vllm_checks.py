@@ -103,8 +103,9 @@ def vllm_ceilings(plan: Mapping[str, Any], workload: Mapping[str, Any], max_outp
       - ``max_output_tokens`` (tokens): the average context the plan was sized for, at least 256, at most
         --max-model-len; vLLM 0.32 clamps every request's max_tokens to it (serve/utils/api_utils.py
         ``get_max_tokens``, ``override_max_tokens`` from --override-generation-config max_new_tokens);
-      - ``max_n`` and ``max_completion_prompts``: max(1, max-num-seqs // 4), the share of the batch one
-        user may hold in flight at the gateway; vLLM 0.32 answers 400 above them (sampling_params.py
+      - ``max_n`` and ``max_completion_prompts``: the plan's ``admission.user_max_inflight`` (max(1,
+        max-num-seqs // 4)), the share of the batch one user may hold in flight at the gateway, so one
+        request cannot hold more of the batch than its sender may; vLLM 0.32 answers 400 above them (sampling_params.py
         ``VLLM_MAX_N_SEQUENCES``; completion/protocol.py ``VLLM_MAX_COMPLETION_PROMPTS``).
     Output: ``{"max_output_tokens", "max_n", "max_completion_prompts"}``, ints.
     Raises AnsibleFilterError naming the variable, the value and the allowed range when a value is not
@@ -112,7 +113,7 @@ def vllm_ceilings(plan: Mapping[str, Any], workload: Mapping[str, Any], max_outp
     """
     flags = plan.get("flags", {})
     max_len, seqs = int(flags["max-model-len"]), int(flags["max-num-seqs"])
-    share = max(1, seqs // 4)
+    share = int(plan["admission"]["user_max_inflight"])
     derived = {"max_output_tokens": min(max_len, max(256, int(workload.get("avg_context_tokens", 0)))),
                "max_n": share, "max_completion_prompts": share}
     given = {"max_output_tokens": max_output_tokens, "max_n": max_n, "max_completion_prompts": max_completion_prompts}
