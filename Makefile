@@ -14,7 +14,7 @@ export TESTBED_CACHE ?= /var/cache/teamserve-testbed
 # The engine-free scenarios run beside default's converge; default's timed checks (TTFT/TPOT targets,
 # the flood) run alone after the barrier, as they missed the testbed's targets with other scenarios
 # beside them. Logs: MOLECULE_LOG_DIR/<scenario>.log.
-MOLECULE_LANES ?= default:destroy+syntax+check+converge+idempotence,caddy gpu_host,firewall -- default:side-effect+verify+destroy
+MOLECULE_LANES ?= default:destroy+syntax+check+converge+idempotence,firewall gpu_host,caddy -- default:side-effect+verify+destroy
 MOLECULE_SCENARIOS = $(notdir $(patsubst %/,%,$(dir $(wildcard molecule/*/molecule.yml))))
 export MOLECULE_LOG_DIR ?= $(CURDIR)/.cache/molecule-logs
 
