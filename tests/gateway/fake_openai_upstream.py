@@ -5,7 +5,7 @@ It is not vLLM and does not pretend to be: it answers the few endpoints the gate
 wire format of the OpenAI API (the format vLLM's OpenAI-compatible server also speaks):
 
 * ``GET /health`` -> 200, no key needed (vLLM's /health is unauthenticated too).
-* ``GET /v1/models`` -> a model list with one model, ``fixture``.
+* ``GET /v1/models`` -> a model list with one model, ``fixture`` (``FIXTURE_MODEL``).
 * ``POST /v1/chat/completions`` -> a completion; with ``"stream": true`` a ``text/event-stream`` of
   ``chat.completion.chunk`` events, one per token, ``FIXTURE_TOKEN_DELAY_S`` seconds apart (the test of
   unbuffered streaming measures these gaps on the client side), ending with ``data: [DONE]``.
@@ -20,7 +20,8 @@ Every /v1 request must carry ``Authorization: Bearer <FIXTURE_API_KEY>`` (the en
 refused with 401 and an OpenAI-style error body, like ``vllm serve --api-key``.
 
 Configuration (environment): FIXTURE_LISTEN (default ``127.0.0.1:8000``), FIXTURE_API_KEY (required),
-FIXTURE_TOKEN_DELAY_S (float seconds, default 0.2). Standard library only, so it runs on a bare box.
+FIXTURE_TOKEN_DELAY_S (float seconds, default 0.2), FIXTURE_MODEL (default ``fixture``; a second instance
+with another name stands in for a hosted fallback endpoint, which names its own model in its answers). Standard library only, so it runs on a bare box.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from typing import Any
 API_KEY = os.environ["FIXTURE_API_KEY"]
 TOKEN_DELAY_S = float(os.environ.get("FIXTURE_TOKEN_DELAY_S", "0.2"))
 HOST, _, PORT = os.environ.get("FIXTURE_LISTEN", "127.0.0.1:8000").rpartition(":")
-MODEL = "fixture"
+MODEL = os.environ.get("FIXTURE_MODEL", "fixture")  # the model it serves and names in every answer
 # Asking for this model gets the engine's "queue full" 503 (body as the real vLLM 0.32.0 CPU build sends it).
 BUSY_MODEL = "fixture-busy"
 

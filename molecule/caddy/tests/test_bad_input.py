@@ -48,3 +48,17 @@ def test_bad_input_fails_before_any_change(host, case):
         assert secret not in output
     assert "changed=0" in run.stdout  # failed in assert.yml, nothing touched
     assert host.check_output(f"sha256sum {WATCHED}") == before
+
+
+def test_fallback_without_a_key_is_refused_before_any_change(host):
+    before = host.check_output(f"sha256sum {WATCHED}")
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(SCENARIO.parents[1] / "roles"), ANSIBLE_FORCE_COLOR="0")
+    extra = {"caddy_overload_policy": "fallback", "caddy_fallback_url": "https://api.example.com/v1"}
+    run = subprocess.run(
+        [str(pathlib.Path(os.sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+         str(SCENARIO / "converge.yml"), "-e", json.dumps(extra)],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode != 0
+    assert "caddy_fallback_api_key (not shown) is missing" in run.stdout + run.stderr
+    assert "changed=0" in run.stdout
+    assert host.check_output(f"sha256sum {WATCHED}") == before
