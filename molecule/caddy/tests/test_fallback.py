@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 import time
 
 import httpx2 as httpx  # the HTTP library openai 3.x is built on
@@ -27,7 +28,7 @@ def converge(extra: dict | None = None) -> None:
     """The caddy role on the box with the scenario's inventory and `extra` over it."""
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(SCENARIO.parents[1] / "roles"), ANSIBLE_FORCE_COLOR="0")
     run = subprocess.run(
-        [str(pathlib.Path(os.sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+        [str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
          str(SCENARIO / "converge.yml"), "-e", json.dumps(extra or {})],
         env=env, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
