@@ -2,8 +2,8 @@
 full and while it drains, a secondary OpenAI-compatible upstream (a second test double on the box's
 loopback, standing in for a hosted endpoint) answers instead of a 502/503, with its own key and within the
 user's in-flight cap; its answers name its own model and the access log marks them. The module switches
-the gateway to the fallback policy with the caddy role (as an admin would, in the inventory) and back to
-the converged config at the end, byte for byte."""
+the gateway to the fallback policy with the caddy role (as an admin would, in the inventory) and puts the
+Caddyfile it had back at the end, byte for byte."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -13,24 +13,31 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx2 as httpx  # the HTTP library openai 3.x is built on
 import pytest
 from conftest import SCENARIO, VARS
-from test_gateway import client
+from test_gateway import client, engine_stats
 
+DEAD_UPSTREAM = "127.0.0.1:8009"  # nothing listens there on the box
 FALLBACK = {"caddy_overload_policy": "fallback", "caddy_fallback_url": f"http://{VARS['fixture_fallback_listen']}/v1",
             "caddy_fallback_api_key": VARS["fixture_fallback_api_key"]}
 
 
-def converge(extra: dict | None = None) -> None:
-    """The caddy role on the box with the scenario's inventory and `extra` over it."""
+def converge(keys: dict, extra: dict) -> None:
+    """The caddy role on the box with the scenario's inventory, the keys in force now (side_effect.yml
+    rotated, revoked and issued some) and `extra` over it."""
+    users = {"caddy_user_keys": {name: key for name, key in keys.items() if name in {u["name"] for u in VARS["caddy_users"]}}}
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(SCENARIO.parents[1] / "roles"), ANSIBLE_FORCE_COLOR="0")
-    run = subprocess.run(
-        [str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-         str(SCENARIO / "converge.yml"), "-e", json.dumps(extra or {})],
-        env=env, capture_output=True, text=True, timeout=600, check=False)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as extra_vars:  # keys stay out of argv
+        json.dump(dict(users, **extra), extra_vars)
+        extra_vars.flush()
+        run = subprocess.run(
+            [str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+             str(SCENARIO / "converge.yml"), "-e", f"@{extra_vars.name}"],
+            env=env, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert VARS["fixture_fallback_api_key"] not in run.stdout + run.stderr
 
@@ -54,13 +61,14 @@ def ask(base_url: str, ca_file: str, key: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def fallback_gateway(host):
-    """The gateway under the fallback policy; the converged Caddyfile is back afterwards."""
+def fallback_gateway(host, keys):
+    """The gateway under the fallback policy; afterwards the Caddyfile it had (frank's expiring key from
+    side_effect.yml included, which the role would now refuse as expired) is put back and reloaded."""
     before = host.check_output("sha256sum /etc/caddy/Caddyfile")
-    converge(FALLBACK)
+    host.check_output("cp -p /etc/caddy/Caddyfile /root/Caddyfile.before-fallback")
+    converge(keys, FALLBACK)
     yield
-    host.run("systemctl start fake-openai-upstream.service")
-    converge()
+    host.check_output("cp -p /root/Caddyfile.before-fallback /etc/caddy/Caddyfile && systemctl reload caddy")
     assert host.check_output("sha256sum /etc/caddy/Caddyfile") == before
 
 
@@ -69,22 +77,7 @@ def test_engine_up_answers_itself(fallback_gateway, host, base_url, ca_file, key
     assert "upstream" not in last_log_entry(host, "bob")
 
 
-def test_engine_down_the_fallback_answers_with_its_own_key(fallback_gateway, host, base_url, ca_file, keys):
-    host.check_output("systemctl stop fake-openai-upstream.service")
-    try:
-        assert ask(base_url, ca_file, keys["bob"]) == VARS["fixture_fallback_model"]
-        assert last_log_entry(host, "bob")["upstream"] == "fallback"
-        seen = fallback_stats(host)["authorization_sha256"]
-        assert hashlib.sha256(f"Bearer {VARS['fixture_fallback_api_key']}".encode()).hexdigest() in seen
-        assert hashlib.sha256(f"Bearer {keys['bob']}".encode()).hexdigest() not in seen  # the user's key stays
-        # /health still tells a balancer that this box's engine is down.
-        health = httpx.get(base_url.removesuffix("/v1") + "/health", verify=ca_file, timeout=10)
-        assert health.status_code == 502
-    finally:
-        host.check_output("systemctl start fake-openai-upstream.service")
-
-
-def test_gateway_full_the_fallback_answers(fallback_gateway, base_url, ca_file, keys):
+def test_gateway_full_the_fallback_answers(fallback_gateway, host, base_url, ca_file, keys):
     flags = VARS["vllm_plan"]["flags"]
     cap = flags["max-num-seqs"] + flags["max-num-queued-reqs"]
     caps = {u["name"]: u["max_inflight"] for u in VARS["caddy_users"] if "max_inflight" in u}
@@ -93,39 +86,53 @@ def test_gateway_full_the_fallback_answers(fallback_gateway, base_url, ca_file, 
 
     def long_stream(name: str) -> str:
         stream = client(base_url, ca_file, keys[name]).chat.completions.create(
-            model="fixture", messages=[], stream=True, max_tokens=25)
+            model="fixture", messages=[], stream=True, max_tokens=100)  # 20 s at the double's 0.2 s a token
         return {chunk.model for chunk in stream}.pop()
 
     with concurrent.futures.ThreadPoolExecutor(cap) as pool:
         running = [pool.submit(long_stream, name) for name in holders]
-        time.sleep(1.5)
+        deadline = time.monotonic() + 15  # bounded: until the engine double holds every stream
+        while engine_stats(host)["in_flight"] < cap and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert engine_stats(host)["in_flight"] == cap
         assert ask(base_url, ca_file, keys["dave"]) == VARS["fixture_fallback_model"]
-        assert [f.result(timeout=30) for f in running] == ["fixture"] * cap
+        assert [f.result(timeout=60) for f in running] == ["fixture"] * cap
 
 
-def test_fallback_keeps_the_user_in_flight_cap(fallback_gateway, host, base_url, ca_file, keys):
-    """With the engine down, erin (cap 4) still gets the concurrency 429 beyond her cap on the fallback."""
+def test_engine_down_the_fallback_answers_with_its_own_key(fallback_gateway, host, base_url, ca_file, keys):
+    """The engine not answering (the gateway pointed at a port nothing listens on; stopping the engine
+    double would change the PID tests/test_users.py checks)."""
+    converge(keys, dict(FALLBACK, caddy_upstream=DEAD_UPSTREAM))
+    assert ask(base_url, ca_file, keys["bob"]) == VARS["fixture_fallback_model"]
+    assert last_log_entry(host, "bob")["upstream"] == "fallback"
+    seen = fallback_stats(host)["authorization_sha256"]
+    assert hashlib.sha256(f"Bearer {VARS['fixture_fallback_api_key']}".encode()).hexdigest() in seen
+    assert hashlib.sha256(f"Bearer {keys['bob']}".encode()).hexdigest() not in seen  # the user's key stays
+    # /health still tells a balancer that this box's engine is down.
+    assert httpx.get(base_url.removesuffix("/v1") + "/health", verify=ca_file, timeout=10).status_code == 502
+
+
+def test_fallback_keeps_the_user_in_flight_cap(fallback_gateway, base_url, ca_file, keys):
+    """With the engine still not answering, erin (cap 4) gets the concurrency 429 beyond her cap on the
+    fallback too."""
     erin_cap = next(u["max_inflight"] for u in VARS["caddy_users"] if u["name"] == "erin")
-    host.check_output("systemctl stop fake-openai-upstream.service")
-    try:
-        def stream() -> str:
-            with httpx.Client(verify=ca_file, timeout=30) as http, http.stream(
-                    "POST", f"{base_url}/chat/completions", headers={"Authorization": f"Bearer {keys['erin']}"},
-                    json={"model": "fixture", "messages": [], "stream": True, "max_tokens": 25}) as response:
-                if response.status_code != 200:
-                    response.read()
-                    return response.json()["error"]["code"]
-                return "200" if sum(1 for _ in response.iter_lines()) else "empty"
 
-        with concurrent.futures.ThreadPoolExecutor(erin_cap + 2) as pool:
-            results = sorted(pool.map(lambda _: stream(), range(erin_cap + 2)))
-        assert results == ["200"] * erin_cap + ["concurrency_limit_exceeded"] * 2, results
-    finally:
-        host.check_output("systemctl start fake-openai-upstream.service")
+    def stream() -> str:
+        with httpx.Client(verify=ca_file, timeout=30) as http, http.stream(
+                "POST", f"{base_url}/chat/completions", headers={"Authorization": f"Bearer {keys['erin']}"},
+                json={"model": "fixture", "messages": [], "stream": True, "max_tokens": 25}) as response:
+            if response.status_code != 200:
+                response.read()
+                return response.json()["error"]["code"]
+            return "200" if sum(1 for _ in response.iter_lines()) else "empty"
+
+    with concurrent.futures.ThreadPoolExecutor(erin_cap + 2) as pool:
+        results = sorted(pool.map(lambda _: stream(), range(erin_cap + 2)))
+    assert results == ["200"] * erin_cap + ["concurrency_limit_exceeded"] * 2, results
 
 
 def test_draining_the_fallback_answers(fallback_gateway, host, base_url, ca_file, keys):
-    converge(dict(FALLBACK, caddy_maintenance=True))
+    converge(keys, dict(FALLBACK, caddy_maintenance=True))
     assert ask(base_url, ca_file, keys["bob"]) == VARS["fixture_fallback_model"]
     assert last_log_entry(host, "bob")["upstream"] == "fallback"
     assert httpx.get(base_url.removesuffix("/v1") + "/health", verify=ca_file, timeout=10).status_code == 503
