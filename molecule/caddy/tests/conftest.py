@@ -4,6 +4,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import subprocess
+import sys
+import tempfile
+import time
 
 import docker
 import pytest
@@ -50,3 +54,30 @@ def ca_file() -> str:
     path = EPHEMERAL / "caddy-root.crt"
     assert path.read_text().startswith("-----BEGIN CERTIFICATE-----")
     return str(path)
+
+
+def access_log_entry(host, request_id: str, timeout: float = 15) -> dict:
+    """The access log's entry for the request sent with header X-Request-Id: request_id. Caddy writes it
+    when its handler returns, which can be after the client has its last byte, so this polls (every
+    0.3 s, at most `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in host.file("/var/log/caddy/access.log").content_string.splitlines():
+            entry = json.loads(line)
+            if entry["request"]["headers"].get("X-Request-Id") == [request_id]:
+                return entry
+        assert time.monotonic() < deadline, f"no access log entry for X-Request-Id {request_id}"
+        time.sleep(0.3)
+
+
+def run_converge(extra: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    """The scenario's converge.yml (the caddy role) with `extra` as extra vars, through ansible-playbook as
+    an admin runs it. The vars go in a 0600 temporary file, so keys stay out of argv."""
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(SCENARIO.parents[1] / "roles"), ANSIBLE_FORCE_COLOR="0")
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as extra_vars:
+        json.dump(extra, extra_vars)
+        extra_vars.flush()
+        return subprocess.run(
+            [str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+             str(SCENARIO / "converge.yml"), "-e", f"@{extra_vars.name}"],
+            env=env, capture_output=True, text=True, timeout=timeout, check=False)

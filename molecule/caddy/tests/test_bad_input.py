@@ -2,13 +2,8 @@
 on the host changes (the live Caddyfile, the unit and the binary keep their checksums)."""
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-
 import pytest
-from conftest import SCENARIO
+from conftest import run_converge
 
 GOOD = {"rate_limit": {"events": 5, "window": "1m"}}
 KEY = "badInputKEY0123456789abcdefghijklmnop"
@@ -36,11 +31,7 @@ WATCHED = "/etc/caddy/Caddyfile /etc/systemd/system/caddy.service /usr/local/bin
 def test_bad_input_fails_before_any_change(host, case):
     users, expected = CASES[case]
     before = host.check_output(f"sha256sum {WATCHED}")
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(SCENARIO.parents[1] / "roles"), ANSIBLE_FORCE_COLOR="0")
-    run = subprocess.run(
-        [str(pathlib.Path(os.sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-         str(SCENARIO / "converge.yml"), "-e", json.dumps({"caddy_users": users})],
-        env=env, capture_output=True, text=True, timeout=300, check=False)
+    run = run_converge({"caddy_users": users}, timeout=300)
     assert run.returncode != 0
     output = run.stdout + run.stderr
     assert expected in output and "caddy_users[" in output
@@ -52,12 +43,8 @@ def test_bad_input_fails_before_any_change(host, case):
 
 def test_fallback_without_a_key_is_refused_before_any_change(host):
     before = host.check_output(f"sha256sum {WATCHED}")
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(SCENARIO.parents[1] / "roles"), ANSIBLE_FORCE_COLOR="0")
-    extra = {"caddy_overload_policy": "fallback", "caddy_fallback_url": "https://api.example.com/v1"}
-    run = subprocess.run(
-        [str(pathlib.Path(os.sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-         str(SCENARIO / "converge.yml"), "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=300, check=False)
+    run = run_converge({"caddy_overload_policy": "fallback", "caddy_fallback_url": "https://api.example.com/v1"},
+                       timeout=300)
     assert run.returncode != 0
     assert "caddy_fallback_api_key (not shown) is missing" in run.stdout + run.stderr
     assert "changed=0" in run.stdout

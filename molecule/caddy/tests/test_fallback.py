@@ -9,16 +9,12 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
-import os
-import pathlib
-import subprocess
-import sys
-import tempfile
 import time
+import uuid
 
 import httpx2 as httpx  # the HTTP library openai 3.x is built on
 import pytest
-from conftest import SCENARIO, VARS
+from conftest import VARS, access_log_entry, run_converge
 from test_gateway import client, engine_stats
 
 DEAD_UPSTREAM = "127.0.0.1:8009"  # nothing listens there on the box
@@ -30,14 +26,7 @@ def converge(keys: dict, extra: dict) -> None:
     """The caddy role on the box with the scenario's inventory, the keys in force now (side_effect.yml
     rotated, revoked and issued some) and `extra` over it."""
     users = {"caddy_user_keys": {name: key for name, key in keys.items() if name in {u["name"] for u in VARS["caddy_users"]}}}
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(SCENARIO.parents[1] / "roles"), ANSIBLE_FORCE_COLOR="0")
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as extra_vars:  # keys stay out of argv
-        json.dump(dict(users, **extra), extra_vars)
-        extra_vars.flush()
-        run = subprocess.run(
-            [str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-             str(SCENARIO / "converge.yml"), "-e", f"@{extra_vars.name}"],
-            env=env, capture_output=True, text=True, timeout=600, check=False)
+    run = run_converge(dict(users, **extra))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert VARS["fixture_fallback_api_key"] not in run.stdout + run.stderr
 
@@ -48,16 +37,21 @@ def fallback_stats(host) -> dict:
         f"'http://{VARS['fixture_fallback_listen']}/fixture/stats').read().decode())\""))
 
 
-def last_log_entry(host, user: str) -> dict:
-    lines = host.file("/var/log/caddy/access.log").content_string.splitlines()
-    return [e for e in map(json.loads, lines) if e.get("user") == user][-1]
-
-
-def ask(base_url: str, ca_file: str, key: str) -> str:
-    """A streamed chat completion; returns the model named in its chunks."""
+def ask(base_url: str, ca_file: str, key: str, request_id: str = "") -> str:
+    """A streamed chat completion (sent with X-Request-Id: request_id when given); returns the model named
+    in its chunks."""
+    headers = {"X-Request-Id": request_id} if request_id else None
     stream = client(base_url, ca_file, key).chat.completions.create(
-        model="fixture", messages=[{"role": "user", "content": "hi"}], stream=True, max_tokens=3)
+        model="fixture", messages=[{"role": "user", "content": "hi"}], stream=True, max_tokens=3,
+        extra_headers=headers)
     return {chunk.model for chunk in stream}.pop()
+
+
+def asked(host, base_url: str, ca_file: str, key: str) -> tuple[str, dict]:
+    """ask(), and the access log's entry for that request."""
+    request_id = str(uuid.uuid4())
+    model = ask(base_url, ca_file, key, request_id)
+    return model, access_log_entry(host, request_id)
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +67,9 @@ def fallback_gateway(host, keys):
 
 
 def test_engine_up_answers_itself(fallback_gateway, host, base_url, ca_file, keys):
-    assert ask(base_url, ca_file, keys["bob"]) == "fixture"
-    assert "upstream" not in last_log_entry(host, "bob")
+    model, entry = asked(host, base_url, ca_file, keys["bob"])
+    assert model == "fixture"
+    assert entry["user"] == "bob" and "upstream" not in entry
 
 
 def test_gateway_full_the_fallback_answers(fallback_gateway, host, base_url, ca_file, keys):
@@ -103,8 +98,9 @@ def test_engine_down_the_fallback_answers_with_its_own_key(fallback_gateway, hos
     """The engine not answering (the gateway pointed at a port nothing listens on; stopping the engine
     double would change the PID tests/test_users.py checks)."""
     converge(keys, dict(FALLBACK, caddy_upstream=DEAD_UPSTREAM))
-    assert ask(base_url, ca_file, keys["bob"]) == VARS["fixture_fallback_model"]
-    assert last_log_entry(host, "bob")["upstream"] == "fallback"
+    model, entry = asked(host, base_url, ca_file, keys["bob"])
+    assert model == VARS["fixture_fallback_model"]
+    assert entry["user"] == "bob" and entry["upstream"] == "fallback"
     seen = fallback_stats(host)["authorization_sha256"]
     assert hashlib.sha256(f"Bearer {VARS['fixture_fallback_api_key']}".encode()).hexdigest() in seen
     assert hashlib.sha256(f"Bearer {keys['bob']}".encode()).hexdigest() not in seen  # the user's key stays
@@ -133,6 +129,7 @@ def test_fallback_keeps_the_user_in_flight_cap(fallback_gateway, base_url, ca_fi
 
 def test_draining_the_fallback_answers(fallback_gateway, host, base_url, ca_file, keys):
     converge(keys, dict(FALLBACK, caddy_maintenance=True))
-    assert ask(base_url, ca_file, keys["bob"]) == VARS["fixture_fallback_model"]
-    assert last_log_entry(host, "bob")["upstream"] == "fallback"
+    model, entry = asked(host, base_url, ca_file, keys["bob"])
+    assert model == VARS["fixture_fallback_model"]
+    assert entry["user"] == "bob" and entry["upstream"] == "fallback"
     assert httpx.get(base_url.removesuffix("/v1") + "/health", verify=ca_file, timeout=10).status_code == 503

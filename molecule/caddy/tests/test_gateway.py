@@ -10,10 +10,12 @@ import concurrent.futures
 import hashlib
 import json
 import time
+import uuid
 
 import httpx2 as httpx  # the HTTP library openai 3.x is built on (its http_client type)
 import openai
 import pytest
+from conftest import access_log_entry
 
 
 def client(base_url: str, ca_file: str, key: str) -> openai.OpenAI:
@@ -233,10 +235,11 @@ def test_engine_queue_full_becomes_server_full_with_retry_after(base_url, ca_fil
     assert err.value.response.headers["retry-after"] == str(gateway_vars["caddy_server_full_retry_after"])
 
 
-def test_client_disconnect_stops_generation(host, base_url, ca_file, keys):
+def test_client_disconnect_stops_generation_and_is_logged_with_the_user(host, base_url, ca_file, keys):
     before = engine_stats(host)["streams_aborted"]
+    request_id = str(uuid.uuid4())
     with httpx.Client(verify=ca_file, timeout=10) as http, http.stream("POST", f"{base_url}/chat/completions",
-                     headers={"Authorization": f"Bearer {keys['bob']}"},
+                     headers={"Authorization": f"Bearer {keys['bob']}", "X-Request-Id": request_id},
                      json={"model": "fixture", "messages": [], "stream": True, "max_tokens": 200}) as r:
         next(r.iter_lines())
     for _ in range(20):
@@ -244,6 +247,8 @@ def test_client_disconnect_stops_generation(host, base_url, ca_file, keys):
             break
         time.sleep(0.5)
     assert engine_stats(host)["streams_aborted"] > before
+    # Per-user accounting from the access log counts the stream the client hung up on.
+    assert access_log_entry(host, request_id)["user"] == "bob"
 
 
 def test_access_log_has_users_and_no_keys(host, base_url, ca_file, keys, gateway_vars):

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -19,16 +20,29 @@ CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testb
 GATEWAY = "https://10.231.0.10:8443"  # the testbed box on the LAN (caddy_tls_mode internal)
 
 
-def users_play(action: str, name: str, keys_file, users: list) -> None:
-    """Run playbooks/users.yml against the scenario's inventory with caddy_users = `users` (fails with the play's output tail)."""
+def ansible_playbook(playbook: pathlib.Path, extra_vars: dict | None = None, *, timeout: int = 1500,
+                     stdout_callback: str | None = None) -> subprocess.CompletedProcess:
+    """`playbook` against the scenario's inventory, run as an admin runs it: the project's venv, ansible.cfg
+    and roles, the testbed's vault password. `extra_vars` go in a 0600 temporary file, so keys stay out of
+    argv. Output without colour, in `stdout_callback`'s format when given; `timeout` in seconds."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
-               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_FORCE_COLOR="0")
-    extra = {"caddy_users_action": action, "caddy_users_name": name, "caddy_users_keys_file": str(keys_file),
-             "caddy_users": users}
-    run = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-         str(REPO / "playbooks" / "users.yml"), "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=600, check=False)
+               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    if stdout_callback:
+        env["ANSIBLE_STDOUT_CALLBACK"] = stdout_callback
+    inventory = pathlib.Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent  # with its host_vars and group_vars
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as extra:
+        json.dump(extra_vars or {}, extra)
+        extra.flush()
+        return subprocess.run(
+            [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), "-e", f"@{extra.name}",
+             str(playbook)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def users_play(action: str, name: str, keys_file, users: list) -> None:
+    """Run playbooks/users.yml with caddy_users = `users` (fails with the play's output tail)."""
+    run = ansible_playbook(REPO / "playbooks" / "users.yml", {
+        "caddy_users_action": action, "caddy_users_name": name, "caddy_users_keys_file": str(keys_file),
+        "caddy_users": users}, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 

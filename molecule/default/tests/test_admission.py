@@ -150,7 +150,7 @@ def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys
                     with lock:
                         outcomes.append("200")
                     # Read to the end (about 10-30 s here): Caddy logs a stream the client hangs up on
-                    # without its log_append fields, and the check below reads bob's name in the log.
+                    # with duration 0, and the check below needs each stream's length.
                     for _ in response.iter_lines():
                         pass
         except (httpx.HTTPError, threading.BrokenBarrierError) as err:

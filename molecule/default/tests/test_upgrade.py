@@ -26,29 +26,19 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import yaml
-from conftest import GatewayWatcher
+from conftest import CACHE, GATEWAY, GatewayWatcher, ansible_playbook
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
 PROJECT = pathlib.Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 SCENARIO = pathlib.Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
-INVENTORY = pathlib.Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
-CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed"))
 PIN_OVERLAY = SCENARIO / "host_vars" / "teamserve-box.yml"
 TESTBED_VARS = PROJECT / "inventories" / "testbed" / "group_vars" / "teamserve"
-GATEWAY = "https://10.231.0.10:8443/v1"
 CA = CACHE / "caddy-root.crt"
 
 
 def generated() -> dict:
     return yaml.safe_load((TESTBED_VARS / "generated.yml").read_text())
-
-
-def user_key(name: str) -> str:
-    out = subprocess.run(
-        [str(PROJECT / ".venv/bin/ansible-vault"), "view", "--vault-password-file", str(CACHE / "vault-pass"),
-         str(TESTBED_VARS / "vault.yml")], check=True, capture_output=True, text=True).stdout
-    return yaml.safe_load(out)["vault_caddy_user_keys"][name]
 
 
 def committed_lock() -> dict:
@@ -69,11 +59,7 @@ def pin_overlay():
 
 
 def run_upgrade() -> subprocess.CompletedProcess:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
-               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run(
-        [str(PROJECT / ".venv/bin/ansible-playbook"), "-i", str(INVENTORY), str(PROJECT / "playbooks/upgrade.yml")],
-        env=env, capture_output=True, text=True, timeout=1500, check=False)
+    return ansible_playbook(PROJECT / "playbooks" / "upgrade.yml")
 
 
 def engine(host) -> dict:
@@ -90,7 +76,7 @@ def deployed_pins(host) -> dict:
 
 
 def stream_through_gateway(key: str) -> str:
-    client = openai.OpenAI(base_url=GATEWAY, api_key=key, http_client=httpx.Client(verify=str(CA)),
+    client = openai.OpenAI(base_url=GATEWAY + "/v1", api_key=key, http_client=httpx.Client(verify=str(CA)),
                            max_retries=0, timeout=120)
     parts = []
     for chunk in client.chat.completions.create(model="tiny", stream=True, max_tokens=16,
@@ -114,10 +100,10 @@ def before(host, engine_as_converged) -> dict:
 
 
 @pytest.fixture(scope="module")
-def broken_upgrade(host, before) -> dict:
+def broken_upgrade(host, before, keys) -> dict:
     """Pin the digest of the engine image that never becomes ready and run the upgrade."""
     assert generated()["testbed_vllm_image_broken_digest"].startswith("sha256:")
-    watcher = GatewayWatcher(user_key("bob"))
+    watcher = GatewayWatcher(keys["bob"])
     watcher.start()
     set_pin(generated()["testbed_vllm_image_broken_digest"])
     started = time.monotonic()
@@ -130,11 +116,11 @@ def broken_upgrade(host, before) -> dict:
 
 
 @pytest.fixture(scope="module")
-def healthy_upgrade(host, broken_upgrade) -> dict:
+def healthy_upgrade(host, broken_upgrade, keys) -> dict:
     """Then pin the rebuilt (healthy) image's digest and run the upgrade again."""
     digest = generated()["testbed_vllm_image_rebuild_digest"]
     assert digest.startswith("sha256:")
-    watcher = GatewayWatcher(user_key("bob"))
+    watcher = GatewayWatcher(keys["bob"])
     watcher.start()
     set_pin(digest)
     result = run_upgrade()
@@ -178,8 +164,8 @@ def test_broken_upgrade_left_the_box_as_it_was(before, broken_upgrade, engine_as
     assert now["State"]["Running"] and now["State"]["Health"]["Status"] in ("healthy", "starting")
 
 
-def test_broken_upgrade_serves_again_through_the_gateway(broken_upgrade):
-    assert stream_through_gateway(user_key("alice"))
+def test_broken_upgrade_serves_again_through_the_gateway(broken_upgrade, keys):
+    assert stream_through_gateway(keys["alice"])
 
 
 def test_broken_upgrade_recorded_as_rolled_back(before, broken_upgrade):
@@ -204,12 +190,12 @@ def test_users_were_told_maintenance_then_served(before, broken_upgrade):
     assert (503, str(math.ceil(deploys[-1]))) in health and health[-1][0] == 200, health[-10:]
 
 
-def test_healthy_upgrade_switches(healthy_upgrade):
+def test_healthy_upgrade_switches(healthy_upgrade, keys):
     result = healthy_upgrade["result"]
     assert result.returncode == 0, result.stdout[-3000:]
     assert healthy_upgrade["pins"]["vllm_image_digest"] == healthy_upgrade["digest"]
     assert healthy_upgrade["engine"]["Config"]["Image"].endswith(healthy_upgrade["digest"])
-    assert stream_through_gateway(user_key("alice"))
+    assert stream_through_gateway(keys["alice"])
 
 
 def test_healthy_upgrade_recorded_with_its_cold_start(broken_upgrade, healthy_upgrade, host):

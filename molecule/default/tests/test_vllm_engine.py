@@ -21,12 +21,10 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import GatewayWatcher
+from conftest import REPO, GatewayWatcher, ansible_playbook
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
-CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed"))
 HUB = "http://10.231.0.4"
 DATA_DIR = "/var/lib/teamserve/vllm"
 LOCK = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/lock.yml").read_text())
@@ -55,16 +53,10 @@ def hub_stats() -> dict:
 
 def run_role(tmp_path: pathlib.Path, extra_vars: dict | None = None) -> tuple[int, dict]:
     """Run the vllm role on the box; returns (rc, {task name: the box's result}) from the json callback."""
-    inventory = os.environ.get("MOLECULE_INVENTORY_FILE")
-    if not inventory:
+    if not os.environ.get("MOLECULE_INVENTORY_FILE"):
         pytest.skip("needs molecule's inventory (run through `molecule verify -s default`)")
     (tmp_path / "play.yml").write_text(PLAY)
-    (tmp_path / "vars.json").write_text(json.dumps(extra_vars or {}))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
-               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    run = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(pathlib.Path(inventory).parent),
-                          "-e", f"@{tmp_path / 'vars.json'}", str(tmp_path / "play.yml")],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    run = ansible_playbook(tmp_path / "play.yml", extra_vars, stdout_callback="ansible.builtin.json")
     # The json callback prints one document at the end; other enabled callbacks (ansible.cfg's profile_tasks)
     # may print lines before it.
     start = 0 if run.stdout.startswith("{") else run.stdout.index("\n{") + 1
@@ -186,12 +178,7 @@ def test_a_process_holding_the_gpu_stops_the_new_engine_and_is_named(host, origi
 
 def run_site(extra_vars: dict) -> subprocess.CompletedProcess:
     """site.yml against the converged box, as an admin re-runs it after editing the inventory."""
-    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
-               ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(pathlib.Path(inventory).parent),
-                           "-e", json.dumps(extra_vars), str(REPO / "site.yml")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1500, check=False)
+    return ansible_playbook(REPO / "site.yml", extra_vars)
 
 
 def test_changed_flag_through_site_yml_drains_then_recreates_after_the_gpu_is_free(host, original, keys):
