@@ -44,13 +44,14 @@ FIXTURE_API_KEY=$(cat "$work/engine-key") FIXTURE_LISTEN=127.0.0.1:18000 FIXTURE
 pids+=($!)
 
 # --- 2. Users, keys and the project's Caddyfiles (the role's own template and defaults) --------------
-# 200 users over 4 distinct rate limits (high enough never to refuse here); the plan gives max-num-seqs
-# 64, so each user may have 16 in flight (64 streams over 20 users: at most 4 per user).
+# 200 users over 4 distinct rate limits of BENCH_EVENTS (default 1000) per minute, high enough never to
+# refuse here; the plan gives max-num-seqs 64, so each user may have 16 in flight (64 streams over 20
+# users: at most 4 per user).
 "$venv_bin/python" - "$work" <<'EOF'
-import json, pathlib, secrets, sys
+import json, os, pathlib, secrets, sys
 work = pathlib.Path(sys.argv[1])
 engine_key = (work / "engine-key").read_text().strip()
-users = [{"name": f"user{i:03d}", "rate_limit": {"events": 100000 + i % 4, "window": "1m"}} for i in range(200)]
+users = [{"name": f"user{i:03d}", "rate_limit": {"events": int(os.environ.get("BENCH_EVENTS", "1000")) + i % 4, "window": "1m"}} for i in range(200)]
 keys = {u["name"]: secrets.token_urlsafe(36) for u in users}
 hosts = {}
 for count, port in ((20, 18443), (200, 18444)):
