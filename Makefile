@@ -11,10 +11,11 @@ export TESTBED_CACHE ?= /var/cache/teamserve-testbed
 # gateway, admission under a flood, upgrade.yml's rollback and switch); gpu_host: Debian 12 + 13, the
 # driver upgrade path; caddy: keys, expiry, server full; firewall: the traffic matrix across restarts.
 # Lanes run side by side, the items of a lane one after the other; "--" waits for every lane before it.
-# The engine-free scenarios run beside default's converge; default's timed checks (TTFT/TPOT targets,
-# the flood) run alone after the barrier, as they missed the testbed's targets with other scenarios
-# beside them. Logs: MOLECULE_LOG_DIR/<scenario>.log.
-MOLECULE_LANES ?= default:destroy+syntax+check+converge+idempotence,firewall gpu_host,caddy -- default:side-effect+verify+destroy
+# Three phases: default's converge beside gpu_host (the two longest, about equal); verify.yml alone (its
+# TTFT/TPOT check missed the testbed's targets with gpu_host beside it); then default's testinfra beside
+# the two engine-free scenarios, which are light next to gpu_host's package installs.
+# Logs: MOLECULE_LOG_DIR/<scenario>.log.
+MOLECULE_LANES ?= default:destroy+syntax+check+converge+idempotence gpu_host -- default:side-effect -- default:verify+destroy caddy,firewall
 MOLECULE_SCENARIOS = $(notdir $(patsubst %/,%,$(dir $(wildcard molecule/*/molecule.yml))))
 export MOLECULE_LOG_DIR ?= $(CURDIR)/.cache/molecule-logs
 

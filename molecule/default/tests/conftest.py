@@ -18,6 +18,8 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 GROUP_VARS = REPO / "inventories" / "testbed" / "group_vars" / "teamserve"
 CACHE = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed"))
 GATEWAY = "https://10.231.0.10:8443"  # the testbed box on the LAN (caddy_tls_mode internal)
+# The root certificate of the box's Caddy internal CA, fetched by the caddy role (caddy_root_ca_local_path).
+GATEWAY_CA = CACHE / "caddy-root.crt"
 
 
 def ansible_playbook(playbook: pathlib.Path, extra_vars: dict | None = None, *, timeout: int = 1500,
@@ -57,7 +59,7 @@ class GatewayWatcher(threading.Thread):
         self.health: list[tuple[int, str | None]] = []
 
     def run(self) -> None:
-        with httpx.Client(verify=str(CACHE / "caddy-root.crt"), timeout=10) as http:
+        with httpx.Client(verify=str(GATEWAY_CA), timeout=10) as http:
             while not self.done.is_set():
                 try:
                     response = http.get(GATEWAY + "/v1/models", headers={"Authorization": f"Bearer {self.key}"})
@@ -81,15 +83,19 @@ def testbed_vars() -> dict:
     return yaml.safe_load((GROUP_VARS / "main.yml").read_text())
 
 
-@pytest.fixture(scope="session")
-def vault() -> dict:
-    """The testbed's decrypted vault (user keys, engine key), read with ansible-vault."""
+def vault_view(path: pathlib.Path) -> dict:
+    """A vault file decrypted with the testbed's vault password (ansible-vault view), parsed as YAML."""
     out = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-vault"), "view", "--vault-password-file",
-         str(CACHE / "vault-pass"), str(GROUP_VARS / "vault.yml")],
-        check=True, capture_output=True, text=True,
+        [str(REPO / ".venv" / "bin" / "ansible-vault"), "view", "--vault-password-file", str(CACHE / "vault-pass"),
+         str(path)], check=True, capture_output=True, text=True,
     ).stdout
     return yaml.safe_load(out)
+
+
+@pytest.fixture(scope="session")
+def vault() -> dict:
+    """The testbed's decrypted vault (user keys, engine key)."""
+    return vault_view(GROUP_VARS / "vault.yml")
 
 
 @pytest.fixture(scope="session")
@@ -99,13 +105,11 @@ def keys(vault) -> dict:
 
 @pytest.fixture(scope="session")
 def gateway_verify(testbed_vars):
-    """What HTTP clients verify the gateway with: the root certificate of the box's Caddy internal CA,
-    which the caddy role fetched to the controller (caddy_root_ca_local_path), or True for plain HTTP."""
+    """What HTTP clients verify the gateway with: GATEWAY_CA, or True for plain HTTP."""
     if testbed_vars.get("caddy_tls_mode", "internal") == "off":
         return True
-    path = CACHE / "caddy-root.crt"
-    assert path.read_text().startswith("-----BEGIN CERTIFICATE-----"), f"{path} is not a PEM certificate"
-    return str(path)
+    assert GATEWAY_CA.read_text().startswith("-----BEGIN CERTIFICATE-----"), f"{GATEWAY_CA} is not a PEM certificate"
+    return str(GATEWAY_CA)
 
 
 @pytest.fixture(scope="session")

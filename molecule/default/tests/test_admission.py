@@ -13,15 +13,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
-import subprocess
 import threading
 import time
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
-import yaml
-from conftest import CACHE, REPO, users_play
+from conftest import REPO, users_play, vault_view
 
 from teamserve_capacity.planner import user_inflight_share
 
@@ -92,9 +90,7 @@ def dana(testbed_vars, gateway_verify, tmp_path):
     users = testbed_vars["caddy_users"] + [{"name": "dana", "rate_limit": {"events": 600, "window": "1m"}}]
     keys_file = tmp_path / "caddy_keys.vault.yml"
     users_play("issue", "dana", keys_file, users)
-    issued = yaml.safe_load(subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-vault"), "view", "--vault-password-file", str(CACHE / "vault-pass"),
-         str(keys_file)], check=True, capture_output=True, text=True).stdout)["caddy_user_keys"]
+    issued = vault_view(keys_file)["caddy_user_keys"]
     yield issued["dana"]
     users_play("revoke", "dana", keys_file, users)
 

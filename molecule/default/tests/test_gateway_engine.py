@@ -11,15 +11,13 @@ Caddyfile byte for byte, so the idempotence of the scenario is not disturbed.
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
-import yaml
-from conftest import CACHE, GROUP_VARS, REPO, users_play
+from conftest import GROUP_VARS, users_play, vault_view
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -139,9 +137,7 @@ def test_issue_and_revoke_leave_the_engine_running(host, testbed_vars, keys, gat
     caddyfile = host.check_output("sha256sum /etc/caddy/Caddyfile")
 
     users_play("issue", "erin", keys_file, users)
-    issued = yaml.safe_load(subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-vault"), "view", "--vault-password-file", str(CACHE / "vault-pass"),
-         str(keys_file)], check=True, capture_output=True, text=True).stdout)["caddy_user_keys"]
+    issued = vault_view(keys_file)["caddy_user_keys"]
     erin = issued.pop("erin")
     assert issued == keys  # started from the keys in force: nobody else's key changed
     assert len(erin) == 48 and erin.isalnum()

@@ -26,7 +26,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import yaml
-from conftest import CACHE, GATEWAY, GatewayWatcher, ansible_playbook
+from conftest import GATEWAY, GATEWAY_CA, GatewayWatcher, ansible_playbook
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -34,7 +34,6 @@ PROJECT = pathlib.Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 SCENARIO = pathlib.Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 PIN_OVERLAY = SCENARIO / "host_vars" / "teamserve-box.yml"
 TESTBED_VARS = PROJECT / "inventories" / "testbed" / "group_vars" / "teamserve"
-CA = CACHE / "caddy-root.crt"
 
 
 def generated() -> dict:
@@ -76,7 +75,7 @@ def deployed_pins(host) -> dict:
 
 
 def stream_through_gateway(key: str) -> str:
-    client = openai.OpenAI(base_url=GATEWAY + "/v1", api_key=key, http_client=httpx.Client(verify=str(CA)),
+    client = openai.OpenAI(base_url=GATEWAY + "/v1", api_key=key, http_client=httpx.Client(verify=str(GATEWAY_CA)),
                            max_retries=0, timeout=120)
     parts = []
     for chunk in client.chat.completions.create(model="tiny", stream=True, max_tokens=16,
