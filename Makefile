@@ -44,8 +44,8 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff and mypy (config
 	ruff check .
 	mypy
 
-go-test: ## go test -race of the gateway's in-flight cap module (roles/caddy/files/inflight)
-	cd roles/caddy/files/inflight && go test -race -count=1 ./...
+go-test: ## go test -race of the gateway's own Caddy modules (roles/caddy/files/gateway)
+	cd roles/caddy/files/gateway && go test -race -count=1 ./...
 
 unit: venv go-test ## Unit tests: the capacity planner, the roles' Python code, the Go module
 	pytest -q tests/capacity tests/unit tests/gateway tests/firewall

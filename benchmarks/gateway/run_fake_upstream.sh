@@ -7,7 +7,7 @@
 #   benchmarks/gateway/run_fake_upstream.sh [bench_gateway.py options, e.g. --rounds 5]
 #
 # Needs the project venv (make venv) and the Caddy binary the caddy role built on this controller
-# (~/.cache/teamserve/caddy/caddy-*-inflight-*-amd64, e.g. after `molecule converge -s caddy`; CADDY=<path>
+# (~/.cache/teamserve/caddy/caddy-*-gateway-*-amd64, e.g. after `molecule converge -s caddy`; CADDY=<path>
 # picks another). Everything listens on 127.0.0.1 ports 18000 and 18443-18445 and is stopped on exit.
 # The first target (plain Caddy) is the baseline of the "added" columns. Prints the Markdown table.
 set -euo pipefail
@@ -22,10 +22,12 @@ die() { log "ERROR: $*"; exit 1; }
 
 [ -x "$venv_bin/ansible-playbook" ] || die "no project venv at $repo/.venv (run: make venv)"
 if [ -z "${CADDY:-}" ]; then
-  CADDY=$(ls -t "$HOME"/.cache/teamserve/caddy/caddy-*-inflight-*-amd64 2>/dev/null | head -1 || true)
+  CADDY=$(ls -t "$HOME"/.cache/teamserve/caddy/caddy-*-gateway-*-amd64 2>/dev/null | head -1 || true)
 fi
-[ -n "$CADDY" ] && [ -x "$CADDY" ] || die "no Caddy build with the in-flight module (run: molecule converge -s caddy, or set CADDY)"
-"$CADDY" list-modules | grep -qx http.handlers.inflight_limit || die "$CADDY lacks http.handlers.inflight_limit"
+[ -n "$CADDY" ] && [ -x "$CADDY" ] || die "no Caddy build with the gateway's modules (run: molecule converge -s caddy, or set CADDY)"
+for module in http.handlers.api_key_map http.handlers.inflight_limit; do
+  "$CADDY" list-modules | grep -qx "$module" || die "$CADDY lacks $module"
+done
 
 work=$(mktemp -d /tmp/teamserve-gateway-fake-bench.XXXXXX)
 pids=()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import importlib.util
 import pathlib
 
@@ -92,14 +93,15 @@ def test_effective_skips_users_without_key_and_sorts():
     users = [user("zed", key=KEY_B), user("alice", expires="1970-01-02"), user("dave")]
     eff = cu.caddy_users_effective(users, {"alice": KEY_A})
     assert [u["name"] for u in eff] == ["alice", "zed"]
-    assert eff[0] == {"name": "alice", "key": KEY_A, "events": 10, "window": "1m", "rate_tier": "rate_10_per_1m",
+    assert eff[0] == {"name": "alice", "key_sha256": hashlib.sha256(KEY_A.encode()).hexdigest(), "events": 10, "window": "1m", "rate_tier": "rate_10_per_1m",
                       "max_inflight": 1, "expires_epoch": 86400}
     assert eff[1]["expires_epoch"] == 0
     assert cu.caddy_users_without_key(users, {"alice": KEY_A}) == ["dave"]
 
 
 def test_own_key_wins_over_vault_key():
-    assert cu.caddy_users_effective([user("a", key=KEY_B)], {"a": KEY_A})[0]["key"] == KEY_B
+    own = cu.caddy_users_effective([user("a", key=KEY_B)], {"a": KEY_A})[0]
+    assert own["key_sha256"] == hashlib.sha256(KEY_B.encode()).hexdigest()
 
 
 @pytest.mark.parametrize("first,second", [("alice-x", "alice_x"), ("a_b-c", "a-b_c")])

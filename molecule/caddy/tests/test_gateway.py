@@ -56,6 +56,16 @@ def test_keys_readable_by_root_and_caddy_only(host):
     assert host.run("runuser -u nobody -- cat /etc/caddy/Caddyfile").rc != 0
 
 
+def test_caddyfile_holds_key_hashes_not_keys(host, keys):
+    """Users are matched by their key's SHA-256: neither the live Caddyfile nor the last good copy holds a
+    user's key, so reading them gives nobody access."""
+    live = host.file("/etc/caddy/Caddyfile").content_string
+    last_good = host.file("/etc/caddy/Caddyfile.last-good").content_string
+    for name, key in keys.items():
+        assert key not in live and key not in last_good, f"{name}'s key is written in the Caddyfile"
+        assert f"\t\t{hashlib.sha256(key.encode()).hexdigest()} {name} " in live, name
+
+
 def test_admin_api_not_on_tcp(host):
     assert not host.socket("tcp://127.0.0.1:2019").is_listening
     sock = host.file("/run/caddy/admin.sock")

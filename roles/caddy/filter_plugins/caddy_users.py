@@ -7,6 +7,7 @@ bad field) and ``templates/Caddyfile.j2`` (the normalised list).
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import re
 from typing import Any
 
@@ -184,7 +185,9 @@ def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1)
 
     Inputs as for caddy_users_problems, plus ``default_max_inflight`` (requests; caddy_user_max_inflight)
     for users without their own ``max_inflight``. Output: one dict per user that HAS a key (users
-    without a key are not issued or were revoked, and get no access): ``name``, ``key``, ``events`` (int),
+    without a key are not issued or were revoked, and get no access): ``name``, ``key_sha256`` (the key's
+    SHA-256, 64 lowercase hex digits: the gateway's api_key_map matches it, so the key itself is never
+    written to the Caddyfile), ``events`` (int),
     ``window`` (Caddy duration string), ``rate_tier`` (zone name, caddy_rate_tier), ``max_inflight``
     (int requests) and ``expires_epoch`` (int Unix seconds, 0 = never), sorted by name so the rendered
     file does not change when the inventory order does.
@@ -199,7 +202,7 @@ def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1)
         cap = user.get("max_inflight")
         result.append({
             "name": user["name"],
-            "key": key,
+            "key_sha256": hashlib.sha256(key.encode()).hexdigest(),
             "events": events,
             "window": window,
             "rate_tier": caddy_rate_tier(events, window),

@@ -1,10 +1,10 @@
-// The gateway's per-user in-flight cap (Caddy module http.handlers.inflight_limit), compiled into the
-// role's Caddy with xcaddy --with teamserve.invalid/caddy/inflight@v0.0.0=<this directory>. The module path is
+// The gateway's own Caddy modules (http.handlers.inflight_limit, http.handlers.api_key_map), compiled into the
+// role's Caddy with xcaddy --with teamserve.invalid/caddy/gateway@v0.0.0=<this directory>. The module path is
 // under the reserved .invalid TLD (RFC 2606): it is never fetched, always replaced by this directory.
 // Pins: caddy v2.11.9 = the role's caddy_version (inventories/*/group_vars/teamserve/lock.yml); every
 // other version and go.sum line is what `go mod tidy` chose for caddy v2.11.9's own requirements, from
 // proxy.golang.org, checked against sum.golang.org (the Go defaults), 2026-12-01.
-module teamserve.invalid/caddy/inflight
+module teamserve.invalid/caddy/gateway
 
 go 1.26.0
 

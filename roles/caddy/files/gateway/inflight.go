@@ -1,4 +1,4 @@
-// Package inflight is a Caddy HTTP handler that caps the number of requests in flight per key
+// inflight_limit is a Caddy HTTP handler that caps the number of requests in flight per key
 // (for teamserve: per user), so that one client cannot hold every slot of the engine's batch.
 //
 // Caddyfile:
@@ -15,7 +15,8 @@
 // the response (a whole SSE stream included) has been copied or the client has gone away. The slot is
 // released on panics too. Cost per request: one map lookup under a mutex; empty buckets are deleted,
 // so memory follows the keys in flight, not the keys ever seen.
-package inflight
+
+package gateway
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package inflight
+package gateway
 
 import (
 	"context"
