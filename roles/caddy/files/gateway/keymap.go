@@ -177,14 +177,18 @@ func (m *KeyMap) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(m.Destinations) == 0 {
 		return d.Err("api_key_map needs at least one destination placeholder, e.g. {user}")
 	}
+	seenDefault := false
 	for d.NextBlock(0) {
 		first := d.Val()
 		outputs := d.RemainingArgs()
 		if first == "default" {
-			if m.Defaults != nil {
+			if seenDefault {
 				return d.Err("api_key_map: default given twice")
 			}
-			m.Defaults = outputs
+			if len(outputs) == 0 {
+				return d.Err("api_key_map: default needs one value per destination (write \"\" for empty)")
+			}
+			seenDefault, m.Defaults = true, outputs
 			continue
 		}
 		m.Keys = append(m.Keys, KeyMapping{SHA256: first, Outputs: outputs})
