@@ -47,7 +47,7 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff and mypy (config
 go-test: ## go test -race of the gateway's own Caddy modules (roles/caddy/files/gateway)
 	cd roles/caddy/files/gateway && go test -race -count=1 ./...
 
-unit: venv go-test ## Unit tests: the capacity planner, the roles' Python code, the Go module
+unit: venv go-test ## Unit tests: the capacity planner, the roles' Python code, the gateway's Go modules
 	pytest -q tests/capacity tests/unit tests/gateway tests/firewall
 
 molecule: testbed ## Molecule scenarios in lanes and phases (MOLECULE_LANES="caddy" runs one scenario)
