@@ -222,12 +222,13 @@ def summarise(bursts: list[dict]) -> dict:
 
 
 def markdown_table(summaries: dict[int, dict[str, dict]], baseline: str) -> str:
-    """Render {level: {target: summarise()}} as a Markdown table; "added" = target minus ``baseline``."""
+    """Render {level: {target: summarise()}} as a Markdown table; "added" = target minus ``baseline``.
+    p50 columns to 0.1 ms (the gateway's own cost is a fraction of a millisecond), p99 to 1 ms."""
     def num(value: float | None, fmt: str = "{:.0f}") -> str:
         return "-" if value is None else fmt.format(value)
 
-    def added(value: float | None, base: float | None) -> str:
-        return "-" if value is None or base is None else f"{value - base:+.0f}"
+    def added(value: float | None, base: float | None, fmt: str = "{:+.0f}") -> str:
+        return "-" if value is None or base is None else fmt.format(value - base)
 
     lines = ["| streams | target | answered 200 | TTFT p50 ms | TTFT p99 ms | added p50 ms | added p99 ms "
              "| decode tok/s per stream (median) | tok/s all streams |",
@@ -239,8 +240,8 @@ def markdown_table(summaries: dict[int, dict[str, dict]], baseline: str) -> str:
             answered = f"{s['ok']}/{s['total']}" + (f" ({refused})" if refused else "")
             is_base = name == baseline
             lines.append(
-                f"| {level} | {name} | {answered} | {num(s['ttft_p50_ms'])} | {num(s['ttft_p99_ms'])} "
-                f"| {'—' if is_base else added(s['ttft_p50_ms'], base['ttft_p50_ms'])} "
+                f"| {level} | {name} | {answered} | {num(s['ttft_p50_ms'], '{:.1f}')} | {num(s['ttft_p99_ms'])} "
+                f"| {'—' if is_base else added(s['ttft_p50_ms'], base['ttft_p50_ms'], '{:+.1f}')} "
                 f"| {'—' if is_base else added(s['ttft_p99_ms'], base['ttft_p99_ms'])} "
                 f"| {num(s['decode_tps'], '{:.1f}')} | {num(s['aggregate_tps'])} |")
     return "\n".join(lines)

@@ -9,7 +9,10 @@
 # Needs the project venv (make venv) and the Caddy binary the caddy role built on this controller
 # (~/.cache/teamserve/caddy/caddy-*-gateway-*-amd64, e.g. after `molecule converge -s caddy`; CADDY=<path>
 # picks another). Everything listens on 127.0.0.1 ports 18000 and 18443-18445 and is stopped on exit.
-# The first target (plain Caddy) is the baseline of the "added" columns. Prints the Markdown table.
+# The first target (plain Caddy) is the baseline of the "added" columns. Prints the Markdown table, then
+# each Caddy's CPU time per stream. CADDY_CPUS=1 CLIENT_CPUS=0 pin the three Caddy processes and the
+# client + fake upstream to different cores (taskset), so the client's scheduling does not land in the
+# gateways' TTFT.
 set -euo pipefail
 umask 077
 
@@ -21,12 +24,17 @@ log() { printf '[run_fake_upstream.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 [ -x "$venv_bin/ansible-playbook" ] || die "no project venv at $repo/.venv (run: make venv)"
+for arg in "$@"; do
+  [ "$arg" != --json ] || die "--json is this script's own (the streams file is kept in the work folder with KEEP_WORK=1)"
+done
 if [ -z "${CADDY:-}" ]; then
   CADDY=$(ls -t "$HOME"/.cache/teamserve/caddy/caddy-*-gateway-*-amd64 2>/dev/null | head -1 || true)
 fi
 [ -n "$CADDY" ] && [ -x "$CADDY" ] || die "no Caddy build with the gateway's modules (run: molecule converge -s caddy, or set CADDY)"
+# Read the list once: `list-modules | grep -q` under pipefail fails when grep exits early (SIGPIPE).
+modules=$("$CADDY" list-modules)
 for module in http.handlers.api_key_map http.handlers.inflight_limit; do
-  "$CADDY" list-modules | grep -qx "$module" || die "$CADDY lacks $module"
+  grep -qx "$module" <<<"$modules" || die "$CADDY lacks $module"
 done
 
 work=$(mktemp -d /tmp/teamserve-gateway-fake-bench.XXXXXX)
@@ -42,7 +50,7 @@ trap cleanup EXIT
 # --- 1. The fake upstream ----------------------------------------------------------------------------
 openssl rand -hex 24 > "$work/engine-key"
 FIXTURE_API_KEY=$(cat "$work/engine-key") FIXTURE_LISTEN=127.0.0.1:18000 FIXTURE_TOKEN_DELAY_S=$TOKEN_DELAY \
-  python3 "$repo/tests/gateway/fake_openai_upstream.py" > "$work/upstream.log" 2>&1 &
+  ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} python3 "$repo/tests/gateway/fake_openai_upstream.py" > "$work/upstream.log" 2>&1 &
 pids+=($!)
 
 # --- 2. Users, keys and the project's Caddyfiles (the role's own template and defaults) --------------
@@ -107,11 +115,15 @@ http://127.0.0.1:18445 {
 }
 EOF
 
+declare -A caddy_pid
 for name in gw20 gw200 plain; do
   XDG_DATA_HOME=$work/data-$name XDG_CONFIG_HOME=$work/config-$name \
-    "$CADDY" run --adapter caddyfile --config "$work/$name.Caddyfile" > "$work/$name.log" 2>&1 &
+    ${CADDY_CPUS:+taskset -c "$CADDY_CPUS"} "$CADDY" run --adapter caddyfile --config "$work/$name.Caddyfile" > "$work/$name.log" 2>&1 &
   pids+=($!)
+  caddy_pid[$name]=$!
 done
+# CPU seconds (user + system) a process has used so far, from /proc/PID/stat fields 14 and 15.
+cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$1/stat"; }
 for port in 18000 18443 18444 18445; do
   for _ in $(seq 50); do
     curl -s -o /dev/null "http://127.0.0.1:$port/health" && break
@@ -124,9 +136,25 @@ status=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer not-a-
 
 # --- 3. The run ----------------------------------------------------------------------------------
 log "Caddy $("$CADDY" version | cut -d' ' -f1), upstream chunk every ${TOKEN_DELAY}s; plain Caddy is the baseline"
-python3 "$here/bench_gateway.py" \
+declare -A cpu_before
+for name in plain gw20 gw200; do cpu_before[$name]=$(cpu_seconds "${caddy_pid[$name]}"); done
+${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} python3 "$here/bench_gateway.py" --json "$work/streams.json" \
   --target "plain-caddy=http://127.0.0.1:18445/v1,@$work/engine-key" \
   --target "direct=http://127.0.0.1:18000/v1,@$work/engine-key" \
   --target "gateway-20-users=http://127.0.0.1:18443/v1,@$work/keys-20" \
   --target "gateway-200-users=http://127.0.0.1:18444/v1,@$work/keys-200" \
   --model fixture --concurrency 1 16 64 --pause 0.5 "$@"
+
+# Each Caddy served the same streams (the run interleaves the targets), so the CPU time each used during
+# the run compares the gateway's own work per stream with plain Caddy's, free of the client's and the
+# upstream's scheduling noise. Warm-up streams count; startup does not.
+streams=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(sum(len(b["streams"]) for level in d["raw"].values() for b in level["plain-caddy"]) + d["args"]["warmup"])' "$work/streams.json")
+echo
+echo "| Caddy | streams | CPU seconds during the run | CPU ms per stream | added ms per stream |"
+echo "| --- | ---: | ---: | ---: | ---: |"
+for name in plain gw20 gw200; do
+  used=$(awk -v a="${cpu_before[$name]}" -v b="$(cpu_seconds "${caddy_pid[$name]}")" 'BEGIN {printf "%.2f", b - a}')
+  [ "$name" = plain ] && plain_used=$used
+  awk -v n="$name" -v s="$streams" -v u="$used" -v p="$plain_used" \
+    'BEGIN {printf "| %s | %d | %.2f | %.2f | %s |\n", n, s, u, 1000 * u / s, n == "plain" ? "—" : sprintf("%+.2f", 1000 * (u - p) / s)}'
+done

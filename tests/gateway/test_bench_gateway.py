@@ -66,11 +66,11 @@ def test_table_shows_added_ttft_against_the_baseline():
         return {"total": 4, "ok": 4, "refused": {}, "ttft_p50_ms": p50, "ttft_p99_ms": p99,
                 "decode_tps": 50.0, "aggregate_tps": 180.0}
     refused = dict(summary(None, None), ok=0, refused={"503": 4})
-    table = bench.markdown_table({16: {"direct": summary(100, 200), "caddy": summary(103, 190), "full": refused}},
+    table = bench.markdown_table({16: {"direct": summary(100, 200), "caddy": summary(103.26, 190), "full": refused}},
                                  "direct")
     rows = table.splitlines()
-    assert rows[2].startswith("| 16 | direct | 4/4 | 100 | 200 | — | — |")
-    assert rows[3].startswith("| 16 | caddy | 4/4 | 103 | 190 | +3 | -10 |")
+    assert rows[2].startswith("| 16 | direct | 4/4 | 100.0 | 200 | — | — |")
+    assert rows[3].startswith("| 16 | caddy | 4/4 | 103.3 | 190 | +3.3 | -10 |")
     assert rows[4].startswith("| 16 | full | 0/4 (4× 503) | - | - | - | - |")
 
 

@@ -192,7 +192,7 @@ def test_docker_package_version_pin_and_holds(facts, expected):
     assert "Package: containerd.io\nPin: version 1.7.28-1*\nPin-Priority: 1001" in pref
     assert held == ["docker-ce", "docker-ce-cli", "containerd.io"]
     assert installed == [f"docker-ce={expected}", f"docker-ce-cli={expected}", "containerd.io=1.7.28-1*",
-                         "docker-buildx-plugin", "docker-compose-plugin", "python3-docker"]
+                         "docker-buildx-plugin", "docker-compose-plugin", "pigz", "python3-docker"]
     assert common.render("{{ gpu_host_common_packages_start_services_on_first_install }}") is False
 
 
@@ -208,9 +208,9 @@ def test_docker_repository_for_ubuntu():
 
 
 @pytest.mark.parametrize("facts,expected", [
-    (("Ubuntu", "24.04"), ["docker.io", "python3-docker"]),
-    (("Debian", "12"), ["docker.io", "python3-docker"]),
-    (("Debian", "13"), ["docker.io", "docker-cli", "python3-docker"])])
+    (("Ubuntu", "24.04"), ["docker.io", "pigz", "python3-docker"]),
+    (("Debian", "12"), ["docker.io", "pigz", "python3-docker"]),
+    (("Debian", "13"), ["docker.io", "docker-cli", "pigz", "python3-docker"])])
 def test_docker_distribution_packages(facts, expected):
     role = Role("docker", FACTS[facts], docker_package_source="debian")
     pref, held, installed = _packages(role.include("main.yml", "Install Docker Engine"))
