@@ -47,7 +47,25 @@ def test_split_by_family_normalises():
 
 
 def test_any_networks():
-    assert net.firewall_any_networks(["10.0.0.0/8", "0.0.0.0/0", "::/0", "junk"]) == ["0.0.0.0/0", "::/0"]
+    found = net.firewall_any_networks(["10.0.0.0/8", "0.0.0.0/0", "::/0", "junk"])
+    assert [m.split(" (")[0] for m in found] == ["10.0.0.0/8 + 0.0.0.0/0", "::/0"]
+    assert "4,294,967,296 IPv4 addresses, more than all RFC 1918 private networks together hold" in found[0]
+
+
+@pytest.mark.parametrize("cidrs", [
+    ["0.0.0.0/1", "128.0.0.0/1"],             # the internet in two halves
+    ["11.0.0.0/8", "12.0.0.0/8"],             # two public /8s: more than all private space
+    ["::/1", "8000::/1"],
+    ["fc00::/7", "2001:db8::/32", "::/8"]])
+def test_wide_networks_are_judged_by_address_count(cidrs):
+    assert net.firewall_any_networks(cidrs)
+
+
+@pytest.mark.parametrize("cidrs", [
+    ["10.0.0.0/8"], ["10.0.0.0/8", "10.1.0.0/16"],  # overlaps count once
+    ["192.168.0.0/16", "172.16.0.0/12"], ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"], ["fc00::/7"], ["2001:db8::/32", "fd00::/8"], ["10.231.0.10"]])
+def test_lan_sized_networks_pass(cidrs):
+    assert net.firewall_any_networks(cidrs) == []
 
 
 @pytest.mark.parametrize("addr, inside", [

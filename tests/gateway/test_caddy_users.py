@@ -15,6 +15,7 @@ cu = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cu)
 
 NOW = 1_800_000_000  # 2027-01-15T08:00:00Z
+NOW_TEXT = "2027-01-15T08:00:00Z"
 KEY_A = "A" * 31 + "a"
 KEY_B = "b" * 40
 
@@ -24,7 +25,7 @@ def user(name="alice", **extra):
 
 
 def problems(users, keys=None, **kw):
-    return cu.caddy_users_problems(users, keys or {}, 32, now_epoch=NOW, **kw)
+    return cu.caddy_users_problems(users, keys or {}, 32, **kw)
 
 
 def test_good_list_has_no_problems():
@@ -68,9 +69,18 @@ def test_bad_event_count(events):
 
 
 @pytest.mark.parametrize("expires", ["2027-01-15", "2020-01-01T00:00:00Z", dt.date(2026, 12, 31)])
-def test_expiry_in_the_past(expires):
-    [msg] = problems([user("alice", expires=expires)])
-    assert "is in the past" in msg
+def test_a_passed_expiry_is_named_but_blocks_nothing(expires):
+    """One user's expired key must not stop a run that revokes or changes someone else."""
+    users = [user("alice", expires=expires), user("bob", key=KEY_B)]
+    assert problems(users, {"alice": KEY_A}) == []
+    assert cu.caddy_users_expired(users, {"alice": KEY_A}, now_epoch=NOW) == [f"alice ({expires})"]
+
+
+def test_expired_lists_only_users_with_a_key_and_a_date_passed():
+    users = [user("zed", key=KEY_B, expires="2020-01-01"), user("alice", expires="2020-01-01"),
+             user("carol", key=KEY_A + "c", expires="2027-01-16"), user("dave", key=KEY_A + "d", expires="soon"),
+             user("erin", key=KEY_A + "e"), user("frank", key=KEY_A + "f", expires=NOW_TEXT)]
+    assert cu.caddy_users_expired(users, {}, now_epoch=NOW) == ["frank (2027-01-15T08:00:00Z)", "zed (2020-01-01)"]
 
 
 def test_unparseable_expiry():

@@ -51,6 +51,16 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                                 "vllm_env.VLLM_MAX_N_SEQUENCES: '64' is set by the role; set vllm_max_n instead"),
     "extra_args_repeating_a_planned_flag": ({"vllm_model": LOCAL_MODEL, "vllm_extra_args": ["--max-num-seqs", "4"]},
                                             "vllm_extra_args: '--max-num-seqs' is set by the capacity plan"),
+    "engine_published_off_loopback": ({"vllm_model": LOCAL_MODEL, "vllm_bind_address": "0.0.0.0"},
+                                      "vllm_bind_address: '0.0.0.0' opens the engine.*add 'bind_address' to vllm_allow_unsafe"),
+    "engine_published_off_loopback_allowed": ({"vllm_model": LOCAL_MODEL, "vllm_bind_address": "0.0.0.0",
+                                               "vllm_allow_unsafe": ["bind_address"]}, None),
+    "dev_mode_routes": ({"vllm_model": LOCAL_MODEL, "vllm_env": {"VLLM_SERVER_DEV_MODE": "1"}},
+                        "vllm_env.VLLM_SERVER_DEV_MODE: '1' opens the engine.*'dev_mode'"),
+    "remote_code": ({"vllm_model": LOCAL_MODEL, "vllm_extra_args": ["--trust-remote-code"]},
+                    "vllm_extra_args: '--trust-remote-code' opens the engine.*'trust_remote_code'"),
+    "prompts_in_the_log": ({"vllm_model": LOCAL_MODEL, "vllm_flags": {"enable-log-requests": True}},
+                           "vllm_flags.enable-log-requests: True opens the engine.*'log_requests'"),
 }
 
 PLAYBOOK = """

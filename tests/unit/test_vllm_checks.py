@@ -235,3 +235,37 @@ def test_bad_repo_or_revision_is_an_error(tmp_path):
         snapshot.snapshot_status(str(tmp_path), "tiny", REV)
     with pytest.raises(ValueError, match="not a 40-hex commit"):
         snapshot.snapshot_status(str(tmp_path), "teamserve/tiny-llama", "main")
+
+
+@pytest.mark.parametrize("kwargs,word,field", [
+    ({"bind_address": "0.0.0.0"}, "bind_address", "vllm_bind_address: '0.0.0.0'"),
+    ({"bind_address": "10.231.0.10"}, "bind_address", "vllm_bind_address"),
+    ({"bind_address": "::"}, "bind_address", "vllm_bind_address"),
+    ({"env": {"VLLM_SERVER_DEV_MODE": "1"}}, "dev_mode", "vllm_env.VLLM_SERVER_DEV_MODE: '1'"),
+    ({"env": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}}, "runtime_lora", "vllm_env.VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+    ({"flags": {"trust-remote-code": True}}, "trust_remote_code", "vllm_flags.trust-remote-code: True"),
+    ({"extra_args": ["--trust-remote-code"]}, "trust_remote_code", "vllm_extra_args: '--trust-remote-code'"),
+    ({"flags": {"enable-log-requests": True}}, "log_requests", "vllm_flags.enable-log-requests"),
+    ({"extra_args": ["--enforce-eager", "--enable-log-requests"]}, "log_requests", "vllm_extra_args"),
+])
+def test_settings_that_open_the_engine_are_refused_unless_named(kwargs, word, field):
+    args = {"flags": {}, "extra_args": [], "env": {}, "bind_address": "127.0.0.1", **kwargs}
+    with pytest.raises(AnsibleFilterError) as refused:
+        checks.vllm_check_exposure(args["flags"], args["extra_args"], args["env"], args["bind_address"], [])
+    message = str(refused.value)
+    assert message.startswith(field) and f"add '{word}' to vllm_allow_unsafe" in message
+    assert checks.vllm_check_exposure(args["flags"], args["extra_args"], args["env"], args["bind_address"], [word])
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"bind_address": "127.0.0.1"}, {"bind_address": "::1"}, {"env": {"VLLM_SERVER_DEV_MODE": "0"}},
+    {"flags": {"trust-remote-code": False}}, {"extra_args": ["--enforce-eager", "--max-log-len", "100"]},
+    {"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}])
+def test_settings_that_keep_the_engine_behind_the_gateway_pass(kwargs):
+    args = {"flags": {}, "extra_args": [], "env": {}, "bind_address": "127.0.0.1", **kwargs}
+    assert checks.vllm_check_exposure(args["flags"], args["extra_args"], args["env"], args["bind_address"], [])
+
+
+def test_an_unknown_opt_in_word_is_refused():
+    with pytest.raises(AnsibleFilterError, match=r"vllm_allow_unsafe: \['everything'\] are not settings"):
+        checks.vllm_check_exposure({}, [], {}, "127.0.0.1", ["everything"])

@@ -70,14 +70,16 @@ def access_log_entry(host, request_id: str, timeout: float = 15) -> dict:
         time.sleep(0.3)
 
 
-def run_converge(extra: dict, timeout: int = 600) -> subprocess.CompletedProcess:
-    """The scenario's converge.yml (the caddy role) with `extra` as extra vars, through ansible-playbook as
-    an admin runs it. The vars go in a 0600 temporary file, so keys stay out of argv."""
+def run_converge(extra: dict, timeout: int = 600, playbook: pathlib.Path = SCENARIO / "converge.yml") \
+        -> subprocess.CompletedProcess:
+    """The scenario's converge.yml (the caddy role), or another `playbook`, with `extra` as extra vars,
+    through ansible-playbook as an admin runs it. The vars go in a 0600 temporary file, so keys stay out
+    of argv."""
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(SCENARIO.parents[1] / "roles"), ANSIBLE_FORCE_COLOR="0")
     with tempfile.NamedTemporaryFile("w", suffix=".json") as extra_vars:
         json.dump(extra, extra_vars)
         extra_vars.flush()
         return subprocess.run(
             [str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-             str(SCENARIO / "converge.yml"), "-e", f"@{extra_vars.name}"],
+             str(playbook), "-e", f"@{extra_vars.name}"],
             env=env, capture_output=True, text=True, timeout=timeout, check=False)

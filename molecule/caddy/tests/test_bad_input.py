@@ -16,7 +16,7 @@ CASES = {
     "unknown limit unit": (
         [{"name": "zoe", "key": KEY, "rate_limit": {"events": 5, "window": "3 fortnights"}}],
         "has an unknown limit unit"),
-    "expiry in the past": ([{"name": "zoe", "key": KEY, "expires": "2020-01-01", **GOOD}], "is in the past"),
+    "unreadable expiry": ([{"name": "zoe", "key": KEY, "expires": "next tuesday", **GOOD}], "unrecognised date"),
     "names that collide in identifiers": (
         [{"name": "zoe-x", "key": KEY, **GOOD}, {"name": "zoe_x", "key": KEY[::-1], **GOOD}],
         "name 'zoe_x' collides with 'zoe-x'"),
@@ -47,5 +47,16 @@ def test_fallback_without_a_key_is_refused_before_any_change(host):
                        timeout=300)
     assert run.returncode != 0
     assert "caddy_fallback_api_key (not shown) is missing" in run.stdout + run.stderr
+    assert "changed=0" in run.stdout
+    assert host.check_output(f"sha256sum {WATCHED}") == before
+
+
+def test_a_prefix_that_reaches_the_engines_own_routes_is_refused_before_any_change(host):
+    before = host.check_output(f"sha256sum {WATCHED}")
+    run = run_converge({"caddy_proxied_paths": ["/v1/*", "/tokenize"]}, timeout=300)
+    assert run.returncode != 0
+    output = " ".join((run.stdout + run.stderr).split())
+    assert "caddy_proxied_paths: /v1/* (matches /v1/load_lora_adapter, /v1/unload_lora_adapter" in output
+    assert "caddy_allow_engine_admin_paths" in output
     assert "changed=0" in run.stdout
     assert host.check_output(f"sha256sum {WATCHED}") == before

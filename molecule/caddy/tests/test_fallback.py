@@ -56,8 +56,8 @@ def asked(host, base_url: str, ca_file: str, key: str) -> tuple[str, dict]:
 
 @pytest.fixture(scope="module")
 def fallback_gateway(host, keys):
-    """The gateway under the fallback policy; afterwards the Caddyfile it had (frank's expiring key from
-    side_effect.yml included, which the role would now refuse as expired) is put back and reloaded."""
+    """The gateway under the fallback policy; afterwards the Caddyfile it had (with frank, whom
+    side_effect.yml added and the inventory does not list) is put back and reloaded."""
     before = host.check_output("sha256sum /etc/caddy/Caddyfile")
     host.check_output("cp -p /etc/caddy/Caddyfile /root/Caddyfile.before-fallback")
     converge(keys, FALLBACK)

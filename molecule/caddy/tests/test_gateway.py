@@ -84,8 +84,12 @@ def test_health_without_key(base_url, ca_file):
     assert raw(base_url, ca_file, "/health").status_code == 200
 
 
-def test_metrics_not_exposed(base_url, ca_file, keys):
-    assert_openai_error(raw(base_url, ca_file, "/metrics", keys["bob"]), 404, "not_found")
+@pytest.mark.parametrize("path", ["/metrics", "/invocations", "/docs", "/openapi.json", "/v1/load_lora_adapter",
+                                  "/reset_prefix_cache", "/v1/responses/resp_0123", "/V1/Load_Lora_Adapter"])
+def test_engine_routes_outside_the_list_are_not_found(base_url, ca_file, keys, path):
+    """Only the listed user endpoints are proxied: the engine's own routes get the gateway's 404 (GET here;
+    the gateway answers before it looks at the method)."""
+    assert_openai_error(raw(base_url, ca_file, path, keys["bob"]), 404, "not_found")
 
 
 def test_engine_key_injected_user_key_never_reaches_engine(host, base_url, ca_file, keys, gateway_vars):
@@ -264,13 +268,19 @@ def test_client_disconnect_stops_generation_and_is_logged_with_the_user(host, ba
 def test_access_log_has_users_and_no_keys(host, base_url, ca_file, keys, gateway_vars):
     for name in ("alice", "bob", "dave"):  # alice may be over her limit: a 429 is logged with her name too
         raw(base_url, ca_file, "/v1/models", keys[name])
+    # Keys sent the way other SDKs send them (Anthropic's x-api-key, Azure's api-key) or in a cookie.
+    # The gateway authenticates only the bearer key, but these headers must not reach the log either.
+    for header in ("x-api-key", "api-key", "cookie"):
+        httpx.get(base_url + "/models", verify=ca_file, timeout=10,
+                  headers={"Authorization": f"Bearer {keys['bob']}", header: keys["erin"]})
     log = host.file("/var/log/caddy/access.log")
     assert log.user == "caddy" and log.mode == 0o640
     lines = [json.loads(line) for line in log.content_string.splitlines() if line.strip()]
     users = {entry.get("user") for entry in lines}
     assert {"alice", "bob", "dave"} <= users
     for entry in lines:
-        assert "Authorization" not in entry["request"]["headers"]
+        logged = {name.lower() for name in entry["request"]["headers"]}
+        assert not logged & {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}, logged
         assert {"status", "size", "duration"} <= entry.keys()
     text = log.content_string + host.check_output("journalctl -u caddy --no-pager -o cat")
     secrets = list(keys.values()) + list(gateway_vars["caddy_user_keys"].values())

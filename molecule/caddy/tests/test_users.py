@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import EPHEMERAL
+from conftest import EPHEMERAL, SCENARIO, run_converge
 from test_gateway import assert_openai_error, raw
+
+PLAYBOOKS = SCENARIO.parents[1] / "playbooks"
 
 
 def test_revoked_key_gets_401(base_url, ca_file, gateway_vars):
@@ -45,3 +47,20 @@ def test_expired_key_gets_401_without_a_play(base_url, ca_file, side_effect, key
         assert raw(base_url, ca_file, "/v1/models", keys["frank"]).status_code == 200
     time.sleep(max(0.0, expires + 1 - time.time()))  # bounded: side_effect set it 60 s ahead
     assert_openai_error(raw(base_url, ca_file, "/v1/models", keys["frank"]), 401, "invalid_api_key")
+
+
+def test_revoking_a_user_while_another_key_has_expired(base_url, ca_file, keys, gateway_vars):
+    """An expired key is a warning, never a refusal: with frank listed and his date passed, revoking dave
+    through playbooks/users.yml succeeds and names frank; both then get 401. (Runs after the test above,
+    last in the scenario: nothing after it uses dave's key.)"""
+    frank = {"name": "frank", "key": keys["frank"], "rate_limit": {"events": 1000, "window": "1m"},
+             "expires": "2020-01-01T00:00:00Z"}
+    run = run_converge({"caddy_users": gateway_vars["caddy_users"] + [frank], "caddy_users_action": "revoke",
+                        "caddy_users_name": "dave", "caddy_users_keys_file": str(EPHEMERAL / "caddy_keys.vault.yml")},
+                       timeout=300, playbook=PLAYBOOKS / "users.yml")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "WARNING: keys past their caddy_users expires date" in run.stdout and "frank (2020-01-01T00:00:00Z)" in run.stdout
+    assert keys["frank"] not in run.stdout + run.stderr
+    assert_openai_error(raw(base_url, ca_file, "/v1/models", keys["dave"]), 401, "invalid_api_key")
+    assert_openai_error(raw(base_url, ca_file, "/v1/models", keys["frank"]), 401, "invalid_api_key")
+    assert raw(base_url, ca_file, "/v1/models", keys["bob"]).status_code == 200

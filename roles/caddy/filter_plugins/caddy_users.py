@@ -68,20 +68,18 @@ def caddy_user_identifier(name: str) -> str:
     return name.replace("-", "_")
 
 
-def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, now_epoch: int | None = None,
-                         extra_keys: Any = None, max_num_seqs: Any = None) -> list[str]:
+def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, extra_keys: Any = None,
+                         max_num_seqs: Any = None) -> list[str]:
     """Check the gateway's user list; return one message per problem (empty list = all good).
 
     Inputs: ``users`` = ``caddy_users`` (list of dicts: name, key?, rate_limit {events, window}, expires?,
     max_inflight?); ``keys`` = ``caddy_user_keys`` (dict name -> key, from the vault that playbooks/users.yml
-    writes); ``min_key_length`` in characters; ``now_epoch`` = current Unix time in seconds (default: the
-    clock); ``extra_keys`` = other secrets that must not double as a user key (the engine's own key);
+    writes); ``min_key_length`` in characters; ``extra_keys`` = other secrets that must not double as a user key (the engine's own key);
     ``max_num_seqs`` = the engine's --max-num-seqs, the upper bound of a user's ``max_inflight``
     (requests; None = no upper bound checked).
     Each message names the field, the bad value (never a key's text) and the fix. Raises nothing.
     """
     problems: list[str] = []
-    now = int(_dt.datetime.now(tz=_dt.UTC).timestamp()) if now_epoch is None else int(now_epoch)
     if not isinstance(users, list):
         return [f"caddy_users must be a list of users, got {type(users).__name__}"]
     if keys is not None and not isinstance(keys, dict):
@@ -159,16 +157,37 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, now_ep
             extra = sorted(set(limit) - {"events", "window"})
             if extra:
                 problems.append(f"{where}.rate_limit: unknown field(s) {extra}; allowed: events, window")
+        # A date that has passed is not a problem: the gateway refuses that key per request (401), and
+        # caddy_users_expired names it. Refusing it here would block every other change, revocations too.
         if user.get("expires") not in (None, ""):
             try:
-                epoch = caddy_expiry_epoch(user["expires"])
+                caddy_expiry_epoch(user["expires"])
             except ValueError as err:
                 problems.append(f"{where}.expires={user['expires']!r}: {err}")
-            else:
-                if epoch <= now:
-                    problems.append(f"{where}.expires={user['expires']!r} is in the past; set a future date "
-                                    "(UTC) or revoke the user with playbooks/users.yml -e caddy_users_action=revoke")
     return problems
+
+
+def caddy_users_expired(users: Any, keys: Any, now_epoch: int | None = None) -> list[str]:
+    """Users whose key has passed its ``expires`` date: the gateway answers them 401 until the date is
+    moved or the key revoked. Inputs as for caddy_users_problems (``now_epoch`` in Unix seconds, default
+    the clock). Output: "name (expires)" strings sorted by name, for users that have a key and a valid
+    date at or before now; users without a key or with an unreadable date are left to the other checks.
+    Raises nothing.
+    """
+    now = int(_dt.datetime.now(tz=_dt.UTC).timestamp()) if now_epoch is None else int(now_epoch)
+    expired = []
+    for user in users if isinstance(users, list) else []:
+        if not isinstance(user, dict) or user.get("expires") in (None, ""):
+            continue
+        if _user_key(user, keys if isinstance(keys, dict) else {}) in (None, ""):
+            continue
+        try:
+            epoch = caddy_expiry_epoch(user["expires"])
+        except ValueError:
+            continue
+        if epoch <= now:
+            expired.append(f"{user.get('name')} ({user['expires']})")
+    return sorted(expired)
 
 
 def caddy_rate_tier(events: int, window: str) -> str:
@@ -238,5 +257,6 @@ class FilterModule:
             "caddy_users_effective": caddy_users_effective,
             "caddy_rate_tiers": caddy_rate_tiers,
             "caddy_users_without_key": caddy_users_without_key,
+            "caddy_users_expired": caddy_users_expired,
             "caddy_expiry_epoch": caddy_expiry_epoch,
         }

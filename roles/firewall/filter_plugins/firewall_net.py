@@ -55,9 +55,28 @@ def firewall_cidrs_by_family(cidrs, version):
     return out
 
 
+# The most addresses a LAN can hold, per IP version: all of RFC 1918's private blocks together
+# (10/8 + 172.16/12 + 192.168/16) and RFC 4193's unique local fc00::/7. Judged by the addresses the
+# entries cover together, so 0.0.0.0/1 + 128.0.0.0/1 counts as the whole internet, like 0.0.0.0/0.
+_WIDEST_LAN = {4: (2**24 + 2**20 + 2**16, "all RFC 1918 private networks together"),
+               6: (2**121, "fc00::/7")}
+
+
 def firewall_any_networks(cidrs):
-    """Entries of ``cidrs`` that admit every address (0.0.0.0/0, ::/0) -> list of str."""
-    return [str(c) for c in cidrs if not firewall_cidr_problems([c]) and _network(c).prefixlen == 0]
+    """What in ``cidrs`` (list of str) opens the box to more than a LAN -> list of str, empty when nothing.
+
+    Per IP version, the parseable entries are merged (overlaps counted once); when they cover more
+    addresses than _WIDEST_LAN allows for that version, one message names the entries and the count. Unparseable
+    entries are left to firewall_cidr_problems."""
+    found = []
+    for version, (limit, limit_name) in _WIDEST_LAN.items():
+        nets = [_network(c) for c in cidrs if not firewall_cidr_problems([c]) and _network(c).version == version]
+        merged = list(ipaddress.collapse_addresses(nets))
+        covered = sum(n.num_addresses for n in merged)
+        if covered > limit:
+            found.append(f"{' + '.join(str(n) for n in nets)} ({covered:,} IPv{version} addresses, more than "
+                         f"{limit_name} hold)")
+    return found
 
 
 def firewall_cidrs_contain(cidrs, address):

@@ -11,6 +11,8 @@
   the plan, or the admin's values checked against it.
 * ``vllm_check_overrides``: ``vllm_flags`` and ``vllm_extra_args`` may not set what the capacity plan or
   the role sets; each refusal names the planner input or role variable to use instead.
+* ``vllm_check_exposure``: settings that open the engine beyond the gateway (or log prompts) are refused
+  unless ``vllm_allow_unsafe`` names them.
 """
 
 from __future__ import annotations
@@ -177,6 +179,65 @@ def vllm_check_overrides(flags: Mapping[str, Any] | None, extra_args: Any = (),
     return True
 
 
+# Settings that open the engine to more than the gateway, each with the opt-in word that accepts it
+# (vllm_allow_unsafe). vLLM 0.32's --api-key check guards only /v1, /v2, /inference and /cohere, so
+# /invocations answers without a key (vllm-project/vllm#58144).
+UNSAFE = {
+    "bind_address": "the engine answers /invocations without a key, so only the gateway on this host may "
+                    "reach it; keep 127.0.0.1",
+    "dev_mode": "VLLM_SERVER_DEV_MODE adds /sleep, /wake_up, /reset_prefix_cache, /collective_rpc and other "
+                "admin routes to the engine; remove it",
+    "runtime_lora": "VLLM_ALLOW_RUNTIME_LORA_UPDATING lets any key holder load code-bearing adapters through "
+                    "/v1/load_lora_adapter; remove it and list adapters with --lora-modules",
+    "trust_remote_code": "--trust-remote-code runs Python from the model repository inside the engine; use a "
+                         "model whose architecture vLLM ships",
+    "log_requests": "--enable-log-requests writes every user's prompt to the engine's log (docker logs, 5 x "
+                    "50 MiB kept); remove it",
+}
+_TRUTHY = {"1", "true", "yes", "on"}
+
+
+def vllm_check_exposure(flags: Mapping[str, Any] | None, extra_args: Any = (), env: Mapping[str, Any] | None = None,
+                        bind_address: Any = "127.0.0.1", allowed: Any = ()) -> bool:
+    """Refuse settings that would let more than the gateway reach the engine, or leak what users send.
+
+    Inputs: ``vllm_flags`` (mapping of long option names without ``--``), ``vllm_extra_args`` (argv
+    tokens), ``vllm_env`` (mapping), ``vllm_bind_address`` (the address the engine's port is published
+    on) and ``vllm_allow_unsafe`` (list of words from ``UNSAFE`` the admin accepts). Output: True when
+    nothing is refused. Raises AnsibleFilterError naming the field, the value, why and the fix (including
+    the opt-in word) for the first setting in ``UNSAFE`` that is present and not allowed, or for an
+    unknown word in ``allowed``.
+    """
+    accepted = set(allowed or ())
+    unknown = sorted(accepted - set(UNSAFE))
+    if unknown:
+        raise AnsibleFilterError(f"vllm_allow_unsafe: {unknown} are not settings this check knows; use any of "
+                                 f"{sorted(UNSAFE)}")
+    found: list[tuple[str, str, Any]] = []
+    address = str(bind_address).strip().strip("[]")
+    if not (address.startswith("127.") or address in ("::1", "localhost")):
+        found.append(("bind_address", "vllm_bind_address", bind_address))
+    for name, value in (env or {}).items():
+        word = {"VLLM_SERVER_DEV_MODE": "dev_mode", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "runtime_lora"}.get(name)
+        if word and str(value).strip().lower() in _TRUTHY:
+            found.append((word, f"vllm_env.{name}", value))
+    flag_words = {"trust-remote-code": "trust_remote_code", "enable-log-requests": "log_requests"}
+    for name, value in (flags or {}).items():
+        word = flag_words.get(str(name).removeprefix("--"))
+        if word and value not in (False, None, "false", "False"):
+            found.append((word, f"vllm_flags.{name}", value))
+    for token in extra_args if isinstance(extra_args, (list, tuple)) else ():
+        word = flag_words.get(str(token).split("=", 1)[0].removeprefix("--"))
+        if word:
+            found.append((word, "vllm_extra_args", token))
+    for word, field, value in found:
+        if word not in accepted:
+            raise AnsibleFilterError(
+                f"{field}: {value!r} opens the engine: {UNSAFE[word]}. If you mean it, add '{word}' to "
+                "vllm_allow_unsafe (and say why in the inventory)")
+    return True
+
+
 def vllm_max_model_len(limit: Any, workload: Mapping[str, Any]) -> int:
     """The engine's ``--max-model-len``: the workload's maximum context, checked against the model.
 
@@ -278,5 +339,6 @@ class FilterModule:
             "vllm_cuda_check": vllm_cuda_check,
             "vllm_gpu_holders": vllm_gpu_holders,
             "vllm_check_overrides": vllm_check_overrides,
+            "vllm_check_exposure": vllm_check_exposure,
             "vllm_ceilings": vllm_ceilings,
         }

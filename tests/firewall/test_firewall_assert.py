@@ -1,0 +1,76 @@
+"""The firewall role's `assert` entry point (site.yml's preflight) refuses networks wider than any LAN,
+judged by the addresses they cover together, unless the matching opt-in says so.
+
+One ansible-playbook run on localhost, one inventory host per case; a block/rescue records each outcome.
+Only the CIDR checks are reached: they come first, and the cases that pass them stop at the next check
+(the play is not on a box with nftables), which is recorded as passing this one.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+LAN = ["10.231.0.0/24"]
+CASES: dict[str, tuple[dict, str | None]] = {
+    "lan_as_two_halves": ({"firewall_lan_cidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
+                          r"firewall_lan_cidrs: 0\.0\.0\.0/1 \+ 128\.0\.0\.0/1 \(4,294,967,296 IPv4 addresses.*"
+                          r"firewall_allow_any_lan: true"),
+    "admin_everyone": ({"firewall_lan_cidrs": LAN, "firewall_admin_cidrs": ["0.0.0.0/0"]},
+                       r"firewall_admin_cidrs: 0\.0\.0\.0/0 .* opens SSH to the internet.*firewall_allow_any_admin: true"),
+    "admin_ipv6_halves": ({"firewall_lan_cidrs": LAN, "firewall_admin_cidrs": ["::/1", "8000::/1"]},
+                          r"firewall_admin_cidrs: ::/1 \+ 8000::/1"),
+    "admin_everyone_allowed": ({"firewall_lan_cidrs": LAN, "firewall_admin_cidrs": ["0.0.0.0/0"],
+                                "firewall_allow_any_admin": True}, None),
+    "private_networks": ({"firewall_lan_cidrs": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]}, None),
+}
+
+PLAYBOOK = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - block:
+        - ansible.builtin.include_role:
+            name: firewall
+            tasks_from: assert
+        - ansible.builtin.set_fact:
+            outcome: passed
+      rescue:
+        - ansible.builtin.set_fact:
+            outcome: "{{ ansible_failed_task.name }}: {{ ansible_failed_result.msg | default('') }}"
+    - ansible.builtin.copy:
+        content: "{{ outcome }}"
+        dest: "{{ out_dir }}/{{ inventory_hostname }}.txt"
+        mode: "0600"
+"""
+CIDR_TASK = "Refuse a LAN or admin network wider than any LAN unless explicitly allowed"
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, str]:
+    tmp = tmp_path_factory.mktemp("firewall-assert")
+    hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "out_dir": str(tmp),
+                    **overrides} for name, (overrides, _) in CASES.items()}
+    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    (tmp / "play.yml").write_text(PLAYBOOK)
+    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin"}
+    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"),
+                          "--forks", "5", str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return {name: (tmp / f"{name}.txt").read_text() for name in CASES}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_wide_networks_refused_unless_allowed(outcomes, case):
+    expected, outcome = CASES[case][1], " ".join(outcomes[case].split())
+    if expected is None:
+        assert not outcome.startswith(CIDR_TASK) and not outcome.startswith("Check the LAN"), outcome
+    else:
+        assert outcome.startswith(CIDR_TASK) and re.search(expected, outcome), outcome
