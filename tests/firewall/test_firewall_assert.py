@@ -1,5 +1,6 @@
 """The firewall role's `assert` entry point (site.yml's preflight) refuses networks wider than any LAN,
-judged by the addresses they cover together, unless the matching opt-in says so.
+judged by the addresses they cover together, unless the matching opt-in says so, and interface names
+nft would refuse (after the packages were installed) or that would open the LAN.
 
 One ansible-playbook run on localhost, one inventory host per case; a block/rescue records each outcome.
 Only the CIDR checks are reached: they come first, and the cases that pass them stop at the next check
@@ -29,7 +30,13 @@ CASES: dict[str, tuple[dict, str | None]] = {
     "admin_everyone_allowed": ({"firewall_lan_cidrs": LAN, "firewall_admin_cidrs": ["0.0.0.0/0"],
                                 "firewall_allow_any_admin": True}, None),
     "private_networks": ({"firewall_lan_cidrs": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]}, None),
+    "every_interface_a_container_bridge": ({"firewall_lan_cidrs": LAN, "firewall_container_interfaces": ["docker0", "*"]},
+                                           r"firewall_container_interfaces: \['\*'\] are not interface names"),
+    "interface_name_too_long": ({"firewall_lan_cidrs": LAN, "firewall_container_interfaces": ["a" * 16]},
+                                r"firewall_container_interfaces: \['a{16}'\]"),
 }
+FAILING_TASK = {"every_interface_a_container_bridge": "Check the container interface names",
+                "interface_name_too_long": "Check the container interface names"}
 
 PLAYBOOK = """
 - hosts: all
@@ -68,9 +75,9 @@ def outcomes(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_wide_networks_refused_unless_allowed(outcomes, case):
+def test_refused_before_anything_changes(outcomes, case):
     expected, outcome = CASES[case][1], " ".join(outcomes[case].split())
     if expected is None:
         assert not outcome.startswith(CIDR_TASK) and not outcome.startswith("Check the LAN"), outcome
     else:
-        assert outcome.startswith(CIDR_TASK) and re.search(expected, outcome), outcome
+        assert outcome.startswith(FAILING_TASK.get(case, CIDR_TASK)) and re.search(expected, outcome), outcome

@@ -60,3 +60,13 @@ def test_a_prefix_that_reaches_the_engines_own_routes_is_refused_before_any_chan
     assert "caddy_allow_engine_admin_paths" in output
     assert "changed=0" in run.stdout
     assert host.check_output(f"sha256sum {WATCHED}") == before
+
+
+def test_an_empty_user_list_is_refused_before_any_change(host):
+    before = host.check_output(f"sha256sum {WATCHED}")
+    run = run_converge({"caddy_users": []}, timeout=300)
+    assert run.returncode != 0
+    output = " ".join((run.stdout + run.stderr).split())
+    assert "caddy_users is empty, so the gateway would answer every request 401" in output
+    assert "caddy_allow_no_users" in output and "changed=0" in run.stdout
+    assert host.check_output(f"sha256sum {WATCHED}") == before

@@ -66,6 +66,14 @@ def test_caddyfile_holds_key_hashes_not_keys(host, keys):
         assert f"\t\t{hashlib.sha256(key.encode()).hexdigest()} {name} " in live, name
 
 
+def test_a_caddyfile_the_role_did_not_write_was_kept(host):
+    """prepare.yml left an admin's Caddyfile; the role copied it aside once before writing its own."""
+    kept = host.file("/etc/caddy/Caddyfile.before-teamserve")
+    assert kept.exists and "An admin's own Caddyfile" in kept.content_string
+    assert "# The teamserve gateway" in host.file("/etc/caddy/Caddyfile").content_string
+    assert not host.file("/etc/systemd/system/caddy.service.before-teamserve").exists  # none was there
+
+
 def test_admin_api_not_on_tcp(host):
     assert not host.socket("tcp://127.0.0.1:2019").is_listening
     sock = host.file("/run/caddy/admin.sock")
