@@ -36,7 +36,16 @@ def test_body_limit_from_max_model_len():
     assert limits.caddy_request_body_max_bytes(2048) == 2048 * 32 + 1024 * 1024
 
 
+def test_engine_silence_bound_outlasts_two_full_generations_at_five_tokens_a_second():
+    assert limits.caddy_upstream_read_timeout(32768) == 2 * 32768 // 5 + 120 == 13227
+    assert limits.caddy_upstream_read_timeout("2048") == 939
+    # Longer than any normal silence: waiting behind one full-length generation, then one of its own,
+    # non-streamed, at 5 tokens/s.
+    assert limits.caddy_upstream_read_timeout(8192) > 2 * 8192 / 5
+
+
 @pytest.mark.parametrize("call,field", [
+    (lambda: limits.caddy_upstream_read_timeout(0), "caddy_engine_max_model_len=0"),
     (lambda: limits.caddy_user_inflight_default(0), "caddy_engine_max_num_seqs=0"),
     (lambda: limits.caddy_user_inflight_default(None), "caddy_engine_max_num_seqs=None"),
     (lambda: limits.caddy_global_inflight(8, -1), "caddy_engine_max_num_queued_reqs=-1"),

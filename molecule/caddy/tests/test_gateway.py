@@ -9,7 +9,10 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import socket
+import ssl
 import time
+import urllib.parse
 import uuid
 
 import httpx2 as httpx  # the HTTP library openai 3.x is built on (its http_client type)
@@ -306,3 +309,40 @@ def test_stream_survives_a_graceful_reload(host, base_url, ca_file, keys):
     assert host.run("systemctl reload caddy").rc == 0
     assert 1 + sum(1 for _ in chunks) == 15
     assert host.check_output("systemctl show caddy -p MainPID --value") == pid
+
+
+def test_a_body_sent_slower_than_the_read_timeout_is_cut(base_url, ca_file, keys, gateway_vars):
+    """caddy_read_body_timeout (3 s here): a client trickling its body cannot hold a slot; the same user is
+    served right after."""
+    url = urllib.parse.urlsplit(base_url)
+    body = json.dumps({"model": "fixture", "messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 2}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.hostname}\r\nAuthorization: Bearer {keys['bob']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    context = ssl.create_default_context(cafile=ca_file)
+    started, sent = time.monotonic(), 0
+    with socket.create_connection((url.hostname, url.port), timeout=10) as plain, \
+            context.wrap_socket(plain, server_hostname=url.hostname) as tls:
+        tls.sendall(head)
+        try:
+            while sent < len(body) and time.monotonic() - started < 30:  # bounded: 30 s at most
+                tls.sendall(body[sent:sent + 8])
+                sent += 8
+                time.sleep(0.5)
+            answer = tls.recv(200)  # an answer or the close, whichever the gateway sends
+        except OSError:
+            answer = b""
+    elapsed = time.monotonic() - started
+    assert sent < len(body), f"the whole body went through in {elapsed:.1f} s"
+    assert elapsed < 3 + 4, elapsed
+    assert not answer.startswith(b"HTTP/1.1 200"), answer
+    reply = client(base_url, ca_file, keys["bob"]).chat.completions.create(model="fixture", messages=[], max_tokens=2)
+    assert reply.choices[0].message.content
+
+
+def test_a_stream_longer_than_the_read_timeouts_is_not_cut(base_url, ca_file, keys):
+    """25 tokens at 0.2 s each: about 5 s, longer than the 3 s body timeout; no write timeout cuts it."""
+    started = time.monotonic()
+    chunks = client(base_url, ca_file, keys["erin"]).chat.completions.create(
+        model="fixture", messages=[], stream=True, max_tokens=25)
+    tokens = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
+    assert tokens == 25 and time.monotonic() - started > 4

@@ -73,6 +73,25 @@ def caddy_request_body_max_bytes(max_model_len: Any) -> int:
     return _positive_int(max_model_len, "caddy_engine_max_model_len") * BODY_BYTES_PER_TOKEN + BODY_OVERHEAD_BYTES
 
 
+# The slowest decode the engine-silence bound allows for: 5 tokens a second, far below any GPU's speed
+# for a model that fits the box (a 2-core CPU runs the testbed's tiny model at about 50).
+SLOWEST_TOKENS_PER_SECOND = 5
+UPSTREAM_SILENCE_MARGIN_S = 120
+
+
+def caddy_upstream_read_timeout(max_model_len: Any) -> int:
+    """Default longest silence from the engine, in seconds, before the gateway gives up on a request.
+
+    The longest normal silence is a request that waits for a slot behind a full-length generation and
+    is then answered without streaming (headers come only when it is done): two generations of
+    --max-model-len tokens at SLOWEST_TOKENS_PER_SECOND, plus UPSTREAM_SILENCE_MARGIN_S for prefill.
+    Input: the engine's --max-model-len (tokens). Output: int seconds (32,768 tokens -> 13,227 s;
+    2,048 -> 939 s). Raises ValueError if max_model_len is not a whole number >= 1.
+    """
+    tokens = _positive_int(max_model_len, "caddy_engine_max_model_len")
+    return 2 * tokens // SLOWEST_TOKENS_PER_SECOND + UPSTREAM_SILENCE_MARGIN_S
+
+
 class FilterModule:
     """Ansible filter plugin entry point."""
 
@@ -82,4 +101,5 @@ class FilterModule:
             "caddy_user_inflight_default": caddy_user_inflight_default,
             "caddy_global_inflight": caddy_global_inflight,
             "caddy_request_body_max_bytes": caddy_request_body_max_bytes,
+            "caddy_upstream_read_timeout": caddy_upstream_read_timeout,
         }
