@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
-import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+from repo_modules import run_cases  # noqa: E402
+
 LAN = ["10.231.0.0/24"]
 CASES: dict[str, tuple[dict, str | None]] = {
     "lan_as_two_halves": ({"firewall_lan_cidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
@@ -61,17 +62,8 @@ CIDR_TASK = "Refuse a LAN or admin network wider than any LAN unless explicitly 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, str]:
-    tmp = tmp_path_factory.mktemp("firewall-assert")
-    hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "out_dir": str(tmp),
-                    **overrides} for name, (overrides, _) in CASES.items()}
-    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    (tmp / "play.yml").write_text(PLAYBOOK)
-    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin"}
-    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"),
-                          "--forks", "5", str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return {name: (tmp / f"{name}.txt").read_text() for name in CASES}
+    hosts = {name: overrides for name, (overrides, _) in CASES.items()}
+    return run_cases(tmp_path_factory.mktemp("firewall-assert"), hosts, PLAYBOOK, forks=5)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -29,6 +29,26 @@ def load(name: str, relative_path: str) -> ModuleType:
     return module
 
 
+def run_cases(tmp: pathlib.Path, hosts: dict[str, dict[str, Any]], playbook: str, forks: int = 10) -> dict[str, str]:
+    """Run ``playbook`` (YAML text) with ansible-playbook on localhost, one inventory host per case, and
+    return what each case wrote to ``<out_dir>/<case>.txt``, by case name.
+
+    ``hosts`` maps case names to their variables; each host also gets a local connection, this Python and
+    ``out_dir`` = ``tmp``. The project's ansible.cfg and roles are used. Raises AssertionError with the
+    play's output tail if the play itself fails (the playbook records each case's own failure)."""
+    inventory = {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                        "out_dir": str(tmp), **variables} for name, variables in hosts.items()}
+    (tmp / "inventory.yml").write_text(json.dumps({"all": {"hosts": inventory}}))
+    (tmp / "play.yml").write_text(playbook)
+    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin"}
+    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"),
+                          "--forks", str(forks), str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True,
+                         text=True, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return {name: (tmp / f"{name}.txt").read_text() for name in hosts}
+
+
 def example_profile_plans() -> dict[str, dict[str, Any]]:
     """Each profile of inventories/example, planned by tests/capacity/plan_profiles.yml through
     ansible-playbook (the inventory's lookups, the vllm role's defaults and filter), by profile name.

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
-import yaml
+from repo_modules import run_cases
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -59,18 +57,11 @@ def waits(tmp_path_factory) -> dict[str, int]:
         history = tmp / f"{name}.jsonl"
         if records:
             history.write_text("".join(json.dumps(r) + "\n" for r in records))
-        hosts[name] = {
-            "ansible_connection": "local", "ansible_python_interpreter": sys.executable, "out_dir": str(tmp),
-            "vllm_cold_start_history": str(history), "vllm_history_trigger": trigger,
-            "vllm_ready_timeout": 900, "vllm_ready_timeout_min": 150, "vllm_cold_start_regression_margin": margin,
-        }
-    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    (tmp / "play.yml").write_text(PLAYBOOK.format(tasks=REPO / "roles/vllm/tasks/cold_start_history.yml"))
-    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin"}
-    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"),
-                          "--forks", "10", str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return {name: int((tmp / f"{name}.txt").read_text()) for name in CASES}
+        hosts[name] = {"vllm_cold_start_history": str(history), "vllm_history_trigger": trigger,
+                       "vllm_ready_timeout": 900, "vllm_ready_timeout_min": 150,
+                       "vllm_cold_start_regression_margin": margin}
+    playbook = PLAYBOOK.format(tasks=REPO / "roles/vllm/tasks/cold_start_history.yml")
+    return {name: int(text) for name, text in run_cases(tmp, hosts, playbook).items()}
 
 
 @pytest.mark.parametrize("case", list(CASES))

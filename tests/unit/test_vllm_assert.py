@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 import yaml
+from repo_modules import run_cases
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 REV = "ef486eba9ff0b47394b3d9daf8a30e736bf68ef8"
@@ -105,19 +104,11 @@ def outcomes(tmp_path_factory) -> dict[str, str]:
         if overrides.get("cached"):
             _cached_snapshot(data_dir)
         hosts[name] = {
-            "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-            "out_dir": str(tmp), "vllm_data_dir": str(data_dir), "vllm_api_key": "k" * 40,
+            "vllm_data_dir": str(data_dir), "vllm_api_key": "k" * 40,
             "vllm_image": "vllm/vllm-openai:v0.32.0@sha256:" + "ab" * 32, "vllm_workload": WORKLOAD,
             **{k: v for k, v in overrides.items() if k != "cached"},
         }
-    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    (tmp / "play.yml").write_text(PLAYBOOK)
-    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin"}
-    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"),
-                          "--forks", "10", str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return {name: (tmp / f"{name}.txt").read_text() for name in CASES}
+    return run_cases(tmp, hosts, PLAYBOOK)
 
 
 @pytest.mark.parametrize("case", list(CASES))
