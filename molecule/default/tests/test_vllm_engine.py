@@ -107,6 +107,19 @@ def test_engine_is_offline_on_the_pinned_revision(host, testbed_vars):
     assert f"replace model_id [teamserve/tiny-llama] to model_path [{snapshot_path}]" in log
 
 
+def test_engine_key_is_nowhere_but_its_root_only_file(host, vault):
+    """The engine reads its --api-key from a root-only config file (--config): not in the container's
+    environment, argv or `docker inspect`, and vLLM logs it as ***."""
+    key = vault["vault_vllm_api_key"]
+    config = host.file(f"{DATA_DIR}/secrets/engine-config.yaml")
+    assert config.user == "root" and config.mode == 0o600 and key in config.content_string
+    assert key not in host.check_output("docker ps -aq | xargs -r docker inspect")
+    assert key not in host.check_output("docker logs vllm 2>&1")
+    assert not host.file(f"{DATA_DIR}/engine.env").exists
+    args = inspect(host)["Config"]["Cmd"]
+    assert args[args.index("--config") + 1] == "/run/teamserve/engine-config.yaml"
+
+
 def test_hf_token_is_nowhere_but_its_root_only_file(host, vault):
     token = vault["vault_vllm_hf_token"]
     token_file = host.file(f"{DATA_DIR}/secrets/hf_token")
@@ -116,7 +129,7 @@ def test_hf_token_is_nowhere_but_its_root_only_file(host, vault):
     assert token not in everything
     assert not any("hf_token" in bind for bind in inspect(host)["HostConfig"]["Binds"])  # the engine does not mount it
     assert token not in host.check_output("docker logs vllm 2>&1")
-    assert token not in host.file(f"{DATA_DIR}/engine.env").content_string
+    assert token not in host.file(f"{DATA_DIR}/secrets/engine-config.yaml").content_string
     # The hub really needs it: without a token the repository does not exist.
     req = urllib.request.Request(f"{HUB}/api/models/teamserve/tiny-llama/tree/main")
     with pytest.raises(urllib.error.HTTPError) as err:
