@@ -74,9 +74,9 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, extra_
 
     Inputs: ``users`` = ``caddy_users`` (list of dicts: name, key?, rate_limit {events, window}, expires?,
     max_inflight?); ``keys`` = ``caddy_user_keys`` (dict name -> key, from the vault that playbooks/users.yml
-    writes); ``min_key_length`` in characters; ``extra_keys`` = other secrets that must not double as a user key (the engine's own key);
-    ``max_num_seqs`` = the engine's --max-num-seqs, the upper bound of a user's ``max_inflight``
-    (requests; None = no upper bound checked).
+    writes); ``min_key_length`` in characters; ``extra_keys`` = other secrets that must not double as a
+    user key (the engine's own key); ``max_num_seqs`` = the engine's --max-num-seqs, the upper bound of a
+    user's ``max_inflight`` (requests; None = no upper bound checked).
     Each message names the field, the bad value (never a key's text) and the fix. Raises nothing.
     """
     problems: list[str] = []

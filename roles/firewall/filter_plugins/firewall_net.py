@@ -66,8 +66,8 @@ def firewall_any_networks(cidrs):
     """What in ``cidrs`` (list of str) opens the box to more than a LAN -> list of str, empty when nothing.
 
     Per IP version, the parseable entries are merged (overlaps counted once); when they cover more
-    addresses than _WIDEST_LAN allows for that version, one message names the entries and the count. Unparseable
-    entries are left to firewall_cidr_problems."""
+    addresses than _WIDEST_LAN allows for that version, one message names the entries and the count.
+    Unparseable entries are left to firewall_cidr_problems."""
     found = []
     for version, (limit, limit_name) in _WIDEST_LAN.items():
         nets = [_network(c) for c in cidrs if not firewall_cidr_problems([c]) and _network(c).version == version]
