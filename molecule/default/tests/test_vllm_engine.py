@@ -76,7 +76,9 @@ def test_engine_labels_mounts_and_shm(host, testbed_vars):
     assert labels["org.opencontainers.image.version"] == "0.32.0"
     assert labels["io.teamserve.image-tag"] == "v0.32.0"
     mounts = {m["Destination"]: m["Source"] for m in c["Mounts"]}
-    assert mounts == {"/root/.cache/huggingface": f"{DATA_DIR}/huggingface", "/root/.cache/vllm": f"{DATA_DIR}/cache"}
+    assert mounts == {"/root/.cache/huggingface": f"{DATA_DIR}/huggingface", "/root/.cache/vllm": f"{DATA_DIR}/cache",
+                      "/run/teamserve/engine-config.yaml": f"{DATA_DIR}/secrets/engine-config.yaml"}
+    assert not next(m for m in c["Mounts"] if m["Destination"] == "/run/teamserve/engine-config.yaml")["RW"]
     assert c["HostConfig"]["ShmSize"] == 1024 ** 3  # vllm_shm_size: 1g, not Docker's 64 MiB
     assert c["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": {"max-file": "5", "max-size": "50m"}}
 
