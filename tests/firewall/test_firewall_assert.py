@@ -1,9 +1,10 @@
 """The firewall role's `assert` entry point (site.yml's preflight) refuses networks wider than any LAN,
 judged by the addresses they cover together, unless the matching opt-in says so, and interface names
-nft would refuse (after the packages were installed) or that would open the LAN.
+nft would refuse (after the packages were installed) or that would open the LAN, an engine port that
+is also the gateway's or SSH's, and an engine client that is neither an account name nor a uid.
 
 One ansible-playbook run on localhost, one inventory host per case; a block/rescue records each outcome.
-Only the CIDR checks are reached: they come first, and the cases that pass them stop at the next check
+Only the input checks are reached: they come first, and the cases that pass them stop at the next check
 (the play is not on a box with nftables), which is recorded as passing this one.
 """
 
@@ -35,9 +36,19 @@ CASES: dict[str, tuple[dict, str | None]] = {
                                            r"firewall_container_interfaces: \['\*'\] are not interface names"),
     "interface_name_too_long": ({"firewall_lan_cidrs": LAN, "firewall_container_interfaces": ["a" * 16]},
                                 r"firewall_container_interfaces: \['a{16}'\]"),
+    "engine_port_is_the_gateway_port": ({"firewall_lan_cidrs": LAN, "firewall_engine_ports": [8443]},
+                                        r"firewall_engine_ports=\[8443\].*none may be a gateway or SSH port.*8443 is both"),
+    "engine_client_not_an_account_name": ({"firewall_lan_cidrs": LAN, "firewall_engine_ports": [8000],
+                                           "firewall_engine_clients": ["caddy", "nobody; drop"]},
+                                          r"clients must be account names or numeric uids, not nobody; drop"),
+    "engine_port_and_clients": ({"firewall_lan_cidrs": LAN, "firewall_engine_ports": [8000],
+                                 "firewall_engine_clients": ["caddy", "998"]}, None),
 }
+ENGINE_TASK = "Check the engine ports and the accounts that may use them"
 FAILING_TASK = {"every_interface_a_container_bridge": "Check the container interface names",
-                "interface_name_too_long": "Check the container interface names"}
+                "interface_name_too_long": "Check the container interface names",
+                "engine_port_is_the_gateway_port": ENGINE_TASK,
+                "engine_client_not_an_account_name": ENGINE_TASK}
 
 PLAYBOOK = """
 - hosts: all
@@ -70,6 +81,6 @@ def outcomes(tmp_path_factory) -> dict[str, str]:
 def test_refused_before_anything_changes(outcomes, case):
     expected, outcome = CASES[case][1], " ".join(outcomes[case].split())
     if expected is None:
-        assert not outcome.startswith(CIDR_TASK) and not outcome.startswith("Check the LAN"), outcome
+        assert not outcome.startswith((CIDR_TASK, "Check the LAN", ENGINE_TASK)), outcome
     else:
         assert outcome.startswith(FAILING_TASK.get(case, CIDR_TASK)) and re.search(expected, outcome), outcome

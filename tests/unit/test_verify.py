@@ -38,7 +38,7 @@ def data(name: str) -> Any:
     return json.loads(text(name))
 
 
-def testbed_plan() -> dict[str, Any]:
+def planned_testbed() -> dict[str, Any]:
     """The testbed's plan, as the vllm role computes it (the stand-in GPU: what vllm_gpu_expected describes)."""
     defaults = yaml.safe_load((REPO / "roles/vllm/defaults/main.yml").read_text())
     return plan(TESTBED["vllm_model"], TESTBED["vllm_workload"], defaults["vllm_gpu_expected"], {})
@@ -157,7 +157,7 @@ def test_capacity_fails_when_the_engine_logged_a_different_kv_cache():
 
 
 def test_capacity_on_the_cpu_build_checks_the_logged_cache_holds_the_workload():
-    record = checks.check_capacity(testbed_plan(), text("engine-start.log"))
+    record = checks.check_capacity(planned_testbed(), text("engine-start.log"))
     assert record["status"] == "PASS", record["summary"]
     assert record["measured"]["engine_kv_cache"]["device"] == "CPU" and record["measured"]["kv_tokens_error"] is None
     assert "holds 8 x 1,000 = 8,000 tokens" in record["summary"]
@@ -165,9 +165,9 @@ def test_capacity_on_the_cpu_build_checks_the_logged_cache_holds_the_workload():
 
 
 def test_capacity_without_the_log_line_or_a_fitting_plan():
-    record = checks.check_capacity(testbed_plan(), "")
+    record = checks.check_capacity(planned_testbed(), "")
     assert record["status"] == "PASS" and "not compared" in record["summary"]
-    overcommitted = copy.deepcopy(testbed_plan())
+    overcommitted = copy.deepcopy(planned_testbed())
     overcommitted["fits"] = False
     overcommitted["levers"] = ["use fewer sequences"]
     failed = checks.check_capacity(overcommitted, text("engine-start.log"))
@@ -244,7 +244,7 @@ def test_targets_judge_the_1x_run_at_p95():
 
 
 def test_load_needs_both_runs_served():
-    inputs = checks.bench_inputs(testbed_plan(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 16)
+    inputs = checks.bench_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 16)
     assert inputs["concurrencies"] == [8, 16] and inputs["input_tokens"] == 1000 - 16
     record = checks.check_load(runs(), inputs, TESTBED["vllm_workload"])
     assert record["status"] == "PASS" and [r["concurrency"] for r in record["measured"]["runs"]] == [8, 16]
@@ -256,12 +256,12 @@ def test_load_needs_both_runs_served():
 
 def test_bench_inputs_tokenizer_and_room():
     model = dict(TESTBED["vllm_model"], revision="ef486eba9ff0b47394b3d9daf8a30e736bf68ef8")
-    inputs = checks.bench_inputs(testbed_plan(), TESTBED["vllm_workload"], model, 5000, 16)
+    inputs = checks.bench_inputs(planned_testbed(), TESTBED["vllm_workload"], model, 5000, 16)
     assert inputs["input_tokens"] == 2048 - 16 - 1  # capped by --max-model-len
     assert inputs["tokenizer"] == ("/root/.cache/huggingface/hub/models--teamserve--tiny-llama/snapshots/"
                                    "ef486eba9ff0b47394b3d9daf8a30e736bf68ef8")
     with pytest.raises(AnsibleFilterError, match="teamserve_verify_bench_output_tokens=2048"):
-        checks.bench_inputs(testbed_plan(), TESTBED["vllm_workload"], model, 0, 2048)
+        checks.bench_inputs(planned_testbed(), TESTBED["vllm_workload"], model, 0, 2048)
 
 
 def test_failed_gathering_names_the_task_and_the_last_line():
@@ -288,12 +288,12 @@ def test_long_prompt_judges_the_longest_pause():
 
 
 def test_long_prompt_inputs():
-    inputs = checks.long_prompt_inputs(testbed_plan(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 0)
+    inputs = checks.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 0)
     assert inputs == {"streams": 7, "tokens": 2040, "max_len": 2048, "vocab_size": 4096, "stream_max_tokens": 1024}
     with pytest.raises(AnsibleFilterError, match="must be below --max-model-len 2048"):
-        checks.long_prompt_inputs(testbed_plan(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 4096)
+        checks.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 4096)
     with pytest.raises(AnsibleFilterError, match="no vocab_size"):
-        checks.long_prompt_inputs(testbed_plan(), TESTBED["vllm_workload"], {"config": {}}, 0, 0)
+        checks.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], {"config": {}}, 0, 0)
 
 
 def test_percentile_matches_numpy_linear_definition():

@@ -57,6 +57,9 @@ def test_keys_readable_by_root_and_caddy_only(host):
         f = host.file(path)
         assert (f.user, f.group, f.mode) == ("root", "caddy", 0o640), path
     assert host.run("runuser -u nobody -- cat /etc/caddy/Caddyfile").rc != 0
+    # Caddy writes every config it loads to $XDG_CONFIG_HOME/caddy/autosave.json unless told not to.
+    assert "persist_config off" in host.file("/etc/caddy/Caddyfile").content_string
+    assert host.check_output("find /var/lib/caddy -name autosave.json") == ""
 
 
 def test_caddyfile_holds_key_hashes_not_keys(host, keys):

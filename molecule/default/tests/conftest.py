@@ -23,10 +23,12 @@ GATEWAY_CA = CACHE / "caddy-root.crt"
 
 
 def ansible_playbook(playbook: pathlib.Path, extra_vars: dict | None = None, *, timeout: int = 1500,
-                     stdout_callback: str | None = None) -> subprocess.CompletedProcess:
+                     stdout_callback: str | None = None, verbosity: int = 0,
+                     args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`playbook` against the scenario's inventory, run as an admin runs it: the project's venv, ansible.cfg
     and roles, the testbed's vault password. `extra_vars` go in a 0600 temporary file, so keys stay out of
-    argv. Output without colour, in `stdout_callback`'s format when given; `timeout` in seconds."""
+    argv. Output without colour, in `stdout_callback`'s format when given, with `verbosity` -v flags and
+    `args` (more ansible-playbook options) added; `timeout` in seconds."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
                ANSIBLE_VAULT_PASSWORD_FILE=str(CACHE / "vault-pass"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     if stdout_callback:
@@ -37,7 +39,8 @@ def ansible_playbook(playbook: pathlib.Path, extra_vars: dict | None = None, *, 
         extra.flush()
         return subprocess.run(
             [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), "-e", f"@{extra.name}",
-             str(playbook)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+             *(["-" + "v" * verbosity] if verbosity else []), *args, str(playbook)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def users_play(action: str, name: str, keys_file, users: list) -> None:

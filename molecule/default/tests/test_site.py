@@ -15,6 +15,7 @@ import time
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import testinfra
+from conftest import REPO, ansible_playbook
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -157,3 +158,68 @@ def test_site_yml_plans_the_engine_once_per_run():
     counts = [sum("TASK [vllm : Compute the capacity plan]" in x for x in lines) for lines in site_runs]
     # 0 for a run that stopped in its preflight before planning (a bad input); never more than 1.
     assert max(counts) == 1 and set(counts) <= {0, 1}, counts
+
+
+# Each setting that would open the box, as an admin might put it in the inventory, and words its refusal
+# must contain: the field and, where one exists, the opt-in that would make the preflight accept it.
+OPENING_SETTINGS = {
+    "engine-on-all-addresses": ({"vllm_bind_address": "0.0.0.0"}, ["vllm_bind_address", "vllm_allow_unsafe"]),
+    "engine-dev-mode": ({"vllm_env": {"VLLM_SERVER_DEV_MODE": "1"}}, ["VLLM_SERVER_DEV_MODE", "vllm_allow_unsafe"]),
+    "engine-runtime-lora": ({"vllm_env": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}},
+                            ["VLLM_ALLOW_RUNTIME_LORA_UPDATING", "vllm_allow_unsafe"]),
+    "engine-remote-code": ({"vllm_flags": {"trust-remote-code": True}}, ["trust-remote-code", "vllm_allow_unsafe"]),
+    "engine-logs-prompts": ({"vllm_flags": {"enable-log-requests": True}}, ["enable-log-requests", "vllm_allow_unsafe"]),
+    "gateway-proxies-everything": ({"caddy_proxied_paths": ["/*"]},
+                                   ["caddy_proxied_paths", "caddy_allow_engine_admin_paths"]),
+    "gateway-proxies-metrics": ({"caddy_proxied_paths": ["/v1/models", "/metrics"]}, ["/metrics"]),
+    "gateway-proxies-invocations": ({"caddy_proxied_paths": ["/v1/models", "/invocations"]}, ["/invocations"]),
+    "gateway-without-users": ({"caddy_users": []}, ["caddy_users", "caddy_allow_no_users"]),
+    "gateway-port-not-opened": ({"caddy_listen_port": 9443, "firewall_gateway_ports": [8443]},
+                                ["caddy_listen_port=9443", "firewall_gateway_ports"]),
+    "ssh-for-everyone": ({"firewall_admin_cidrs": ["0.0.0.0/0"]}, ["firewall_admin_cidrs", "firewall_allow_any_admin"]),
+    "lan-as-two-halves": ({"firewall_lan_cidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
+                          ["firewall_lan_cidrs", "firewall_allow_any_lan"]),
+    "lan-as-ipv6-halves": ({"firewall_lan_cidrs": ["10.231.0.0/24", "::/1", "8000::/1"]}, ["firewall_lan_cidrs"]),
+    "extra-port-for-everyone": ({"firewall_extra_allowed_ports": [{"port": 9100, "sources": "everyone"}]},
+                                ["firewall_extra_allowed_ports", "everyone"]),
+    "extra-port-icmp": ({"firewall_extra_allowed_ports": [{"port": 9100, "protocol": "icmp"}]},
+                        ["firewall_extra_allowed_ports", "icmp"]),
+    "every-interface-a-container": ({"firewall_container_interfaces": ["*"]}, ["firewall_container_interfaces"]),
+}
+
+
+def box_state(host) -> dict:
+    """What a run that changed anything would have changed: the live firewall table, the gateway's config
+    and start time, the engine container and its start time."""
+    engine = engine_container(host)
+    return {"table": host.check_output("nft list table inet teamserve"),
+            "caddyfile": host.file("/etc/caddy/Caddyfile").sha256sum,
+            "caddy": host.check_output("systemctl show caddy -p ExecMainStartTimestampMonotonic"),
+            "engine": (engine["Id"], engine["State"]["StartedAt"])}
+
+
+def test_settings_that_would_open_the_box_are_refused_before_anything_changes(host, tmp_path):
+    """One site.yml run, one inventory alias of the box per setting (forks run them side by side): each
+    stops in the preflight with a message naming the field (and the opt-in), and the box is unchanged."""
+    aliases = {f"refused-{name}": {"ansible_host": "teamserve-box", "ansible_connection": "community.docker.docker",
+                                   **overrides} for name, (overrides, _) in OPENING_SETTINGS.items()}
+    (tmp_path / "aliases.yml").write_text(json.dumps({"teamserve": {"hosts": aliases}}))
+    before = box_state(host)
+    run = ansible_playbook(REPO / "site.yml", stdout_callback="ansible.builtin.json", timeout=600,
+                           args=("-i", str(tmp_path / "aliases.yml"), "--limit", "refused-*", "--forks", "8"))
+    assert run.returncode != 0
+    start = 0 if run.stdout.startswith("{") else run.stdout.index("\n{") + 1
+    document, _ = json.JSONDecoder().raw_decode(run.stdout[start:])
+    refusals: dict[str, list[str]] = {}
+    for play in document["plays"]:
+        for task in play["tasks"]:
+            for alias, result in task["hosts"].items():
+                if result.get("failed"):
+                    refusals.setdefault(alias, []).append(
+                        f"{task['task']['name']}: {result.get('msg', '')} {result.get('argument_errors', '')}")
+        assert play["play"]["name"].startswith("Preflight") or not any(
+            task["hosts"] for task in play["tasks"]), f"{play['play']['name']} ran on a refused alias"
+    missing = {name: words for name, (_, words) in OPENING_SETTINGS.items()
+               if not all(word in " ".join(refusals.get(f"refused-{name}", [])) for word in words)}
+    assert not missing, {name: refusals.get(f"refused-{name}") for name in missing}
+    assert box_state(host) == before

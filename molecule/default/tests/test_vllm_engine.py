@@ -91,6 +91,19 @@ def test_nothing_published_on_all_interfaces(host):
     assert ":8000 " in listening and "0.0.0.0:8000" not in listening and "[::]:8000" not in listening
 
 
+def test_only_root_and_the_gateway_account_reach_the_engine(host):
+    """The engine answers /invocations without a key, so a listener on 127.0.0.1 would serve every local
+    account: the firewall resets other accounts on the loopback port and on the container's address,
+    and lets root (docker-proxy, the probes) and caddy (the gateway) through."""
+    addr = inspect(host)["NetworkSettings"]["IPAddress"]
+    curl = "curl -s -m 5 -o /dev/null -w '%{http_code}'"
+    for url in ("http://127.0.0.1:8000/health", f"http://{addr}:8000/health"):
+        assert host.run(f"{curl} {url}").stdout == "200", url
+        assert host.run(f"runuser -u caddy -- {curl} {url}").stdout == "200", url
+        refused = host.run(f"runuser -u nobody -- {curl} {url}")
+        assert refused.rc == 7 and refused.stdout == "000", (url, refused.rc)  # 7: connection refused
+
+
 def test_engine_is_offline_on_the_pinned_revision(host, testbed_vars):
     c = inspect(host)
     env = dict(item.split("=", 1) for item in c["Config"]["Env"])
@@ -191,25 +204,31 @@ def test_a_process_holding_the_gpu_stops_the_new_engine_and_is_named(host, origi
     assert c["Id"] == original["id"] and not c["State"]["Running"]  # stopped, not replaced
 
 
-def run_site(extra_vars: dict) -> subprocess.CompletedProcess:
+def run_site(extra_vars: dict, verbosity: int = 0) -> subprocess.CompletedProcess:
     """site.yml against the converged box, as an admin re-runs it after editing the inventory."""
-    return ansible_playbook(REPO / "site.yml", extra_vars)
+    return ansible_playbook(REPO / "site.yml", extra_vars, verbosity=verbosity)
 
 
-def test_changed_flag_through_site_yml_drains_then_recreates_after_the_gpu_is_free(host, original, keys):
+def test_changed_flag_through_site_yml_drains_then_recreates_after_the_gpu_is_free(host, original, keys, vault):
     """An admin changes a flag and re-runs site.yml while the engine is down (the test above left it stopped,
     as a crash would): from the moment site.yml replaces the engine, users get 503 maintenance with
     Retry-After and /health 503, never a bare 502, until the new engine serves. Left changed:
-    test_upgrade.py's rollback recreates the engine with converge's flags and checks it."""
+    test_upgrade.py's rollback recreates the engine with converge's flags and checks it. Run at -vvv, as
+    an admin debugging it would: the engine's key and the users' keys appear nowhere in the output."""
     assert not inspect(host)["State"]["Running"]
     before = hub_stats()
     watcher = GatewayWatcher(keys["bob"])
     watcher.start()
     # No second restart to measure the cold start: the recreate is recorded as a deploy anyway.
-    run = run_site({"vllm_flags": CHANGED_FLAG, "vllm_cold_start_measure": "never"})
+    run = run_site({"vllm_flags": CHANGED_FLAG, "vllm_cold_start_measure": "never"}, verbosity=3)
     time.sleep(2)  # the gateway reopens with the play's last handler
     seen = watcher.stop()
     assert run.returncode == 0, run.stdout[-3000:]
+    output = run.stdout + run.stderr
+    assert "ESTABLISH" in output  # really -vvv (the connection plugin reports at verbosity 3)
+    leaked = [name for name, secret in [("vllm_api_key", vault["vault_vllm_api_key"]), *keys.items()]
+              if secret in output]
+    assert not leaked, f"in site.yml's -vvv output: {leaked}"
     changed = inspect(host)
     assert changed["Id"] != original["id"] and changed["State"]["Running"]
     cmd = changed["Config"]["Cmd"]

@@ -39,14 +39,39 @@ EXPECTED = {
     "lan (admin) -> ssh 22": True,
     "wan -> ssh 22": False,
     "box -> engine 127.0.0.1:8000": True,
+    "box, gateway account -> engine 127.0.0.1:8000": True,
+    "box, other account -> engine 127.0.0.1:8000": False,
+    "box, other account -> engine container address": False,
+    "lan -> engine container address (routed)": False,
+    "lan -> published container address (routed)": False,
     "container -> lan client (Docker NAT)": True,
 }
+GATEWAY_ACCOUNT = "fwdev-gateway"  # firewall_engine_clients in vars/main.yml
 
 
 def http_ok(client, addr, port):
     """True when ``client`` gets an HTTP 200 from http://addr:port/ within 3 s."""
     out = client.run(f"curl -s -m 3 -o /dev/null -w '%{{http_code}}' http://{addr}:{port}/")
     return out.stdout.strip() == "200"
+
+
+def http_ok_as(user, addr, port):
+    """True when the box's local account ``user`` gets an HTTP 200 from http://addr:port/ within 3 s."""
+    out = BOX.run(f"runuser -u {user} -- curl -s -m 3 -o /dev/null -w '%{{http_code}}' http://{addr}:{port}/")
+    return out.stdout.strip() == "200"
+
+
+def container_ip(name):
+    """The inner container's address on its bridge (it can change across a Docker restart or reboot)."""
+    return BOX.check_output(f"docker inspect -f '{{{{.NetworkSettings.IPAddress}}}}' {name}").strip()
+
+
+def routed_frame_reaches(name, port=80):
+    """True when a SYN from the LAN client to the container's own address, sent to the box's MAC as a
+    neighbour with a route to the bridge subnet would, gets an answer."""
+    probe = LAN.run(f"localnet_probe.py --via {BOX_LAN} --dst {container_ip(name)} --port {port} --timeout 2")
+    assert probe.rc in (0, 1), probe.stdout + probe.stderr
+    return probe.rc == 1
 
 
 def ssh_banner(client, addr, port=22):
@@ -72,6 +97,12 @@ def observe():
         "lan (admin) -> ssh 22": lambda: ssh_banner(LAN, BOX_LAN),
         "wan -> ssh 22": lambda: ssh_banner(WAN, BOX_WAN),
         "box -> engine 127.0.0.1:8000": lambda: http_ok(BOX, "127.0.0.1", 8000),
+        "box, gateway account -> engine 127.0.0.1:8000": lambda: http_ok_as(GATEWAY_ACCOUNT, "127.0.0.1", 8000),
+        "box, other account -> engine 127.0.0.1:8000": lambda: http_ok_as("nobody", "127.0.0.1", 8000),
+        "box, other account -> engine container address": lambda: http_ok_as(
+            "nobody", container_ip("fwdev-engine"), 80),
+        "lan -> engine container address (routed)": lambda: routed_frame_reaches("fwdev-engine"),
+        "lan -> published container address (routed)": lambda: routed_frame_reaches("fwdev-extra"),
         # busybox's wget segfaults in a scratch image (static glibc NSS), so speak HTTP through nc.
         "container -> lan client (Docker NAT)": lambda: BOX.run(
             "docker exec fwdev-extra busybox sh -c 'printf \"GET / HTTP/1.0\\r\\n\\r\\n\" "
@@ -150,6 +181,11 @@ def test_control_without_teamserve_table_the_holes_are_open():
         BOX.check_output("systemctl reload nftables.service")
     assert observed["wan -> gateway 8443"]
     assert observed["wan -> published 9000"]
+    assert observed["box, other account -> engine 127.0.0.1:8000"]
+    assert observed["box, other account -> engine container address"]
+    # Docker's own FORWARD rules accept a connection routed to a container's published port.
+    assert observed["lan -> engine container address (routed)"]
+    assert observed["lan -> published container address (routed)"]
     if not observed["lan -> engine via dst 127.0.0.1 (raw frame)"]:
         # The 127.0.0.1 hole itself depends on the host kernel's bridge/netfilter state, not on this role:
         # it answered a raw SYN without the table in the first runs here, then stopped reproducing on the
@@ -230,6 +266,16 @@ def test_guard_refuses_controller_outside_admin_cidrs_docker_connection(tmp_path
     assert rules_state() == before
 
 
+def test_an_engine_client_that_is_no_account_is_refused_before_any_change(tmp_path):
+    """nft resolves account names when it loads the rules: a missing one is named before anything changes."""
+    before = rules_state()
+    res = run_play(tmp_path, "-e", '{"firewall_engine_clients": ["fwdev-gateway", "fwdev-nosuch"]}')
+    assert res.returncode != 0
+    assert "firewall_engine_clients: fwdev-nosuch is not an account on this host" in " ".join(res.stdout.split()), \
+        res.stdout[-3000:]
+    assert rules_state() == before
+
+
 def test_guard_over_docker_connection_without_address_notes_and_passes(tmp_path):
     res = run_play(tmp_path)
     assert res.returncode == 0, res.stdout[-3000:]
@@ -272,4 +318,22 @@ def test_rollback_restores_previous_rules_when_controller_is_cut_off(tmp_path):
     elapsed = time.monotonic() - started
     print(f"rollback complete {elapsed:.0f} s after the play started")
     assert run_play(tmp_path, ssh=True).returncode == 0  # the controller gets in over SSH again
+    assert observe() == EXPECTED
+
+
+def test_first_apply_rollback_leaves_the_host_as_it_was(tmp_path):
+    """On a host that never had the table, a cut-off first apply rolls back to exactly that: no teamserve
+    table (not an empty or half one), a rules file that loads none at boot, Docker's rules untouched."""
+    BOX.check_output(f"nft delete table inet teamserve && rm {RULES}")
+    try:
+        res = run_play(tmp_path, ssh=True, admin=["10.231.0.21/32"], guard=False)
+        assert res.returncode != 0, res.stdout[-3000:]
+        assert BOX.run("nft list table inet teamserve").rc == 0, "the cut-off rules never went live"
+        wait_for("rollback to no table", lambda: BOX.run("nft list table inet teamserve").rc != 0, 60)
+        assert "chain" not in BOX.file(RULES).content_string
+        BOX.check_output(f"nft -c -f {RULES}")
+        assert docker_rules_present()
+        wait_for("containers up", containers_up, 30)
+    finally:
+        assert run_play(tmp_path, ssh=True).returncode == 0  # SSH is open again without the table
     assert observe() == EXPECTED
