@@ -161,7 +161,10 @@ def test_site_yml_plans_the_engine_once_per_run():
 
 
 # Each setting that would open the box, as an admin might put it in the inventory, and words its refusal
-# must contain: the field and, where one exists, the opt-in that would make the preflight accept it.
+# must contain: the field and, where one exists, the opt-in that would make the preflight accept it. The
+# engine's settings and the cross-checks are refused only here through a real play; the gateway's paths
+# and users (molecule/caddy) and the firewall's networks (tests/firewall) have their own tables, so one
+# case of each stands for its role here, at about 6 s of play time per case.
 OPENING_SETTINGS = {
     "engine-on-all-addresses": ({"vllm_bind_address": "0.0.0.0"}, ["vllm_bind_address", "vllm_allow_unsafe"]),
     "engine-dev-mode": ({"vllm_env": {"VLLM_SERVER_DEV_MODE": "1"}}, ["VLLM_SERVER_DEV_MODE", "vllm_allow_unsafe"]),
@@ -171,20 +174,14 @@ OPENING_SETTINGS = {
     "engine-logs-prompts": ({"vllm_flags": {"enable-log-requests": True}}, ["enable-log-requests", "vllm_allow_unsafe"]),
     "gateway-proxies-everything": ({"caddy_proxied_paths": ["/*"]},
                                    ["caddy_proxied_paths", "caddy_allow_engine_admin_paths"]),
-    "gateway-proxies-metrics": ({"caddy_proxied_paths": ["/v1/models", "/metrics"]}, ["/metrics"]),
-    "gateway-proxies-invocations": ({"caddy_proxied_paths": ["/v1/models", "/invocations"]}, ["/invocations"]),
-    "gateway-without-users": ({"caddy_users": []}, ["caddy_users", "caddy_allow_no_users"]),
     "gateway-port-not-opened": ({"caddy_listen_port": 9443, "firewall_gateway_ports": [8443]},
                                 ["caddy_listen_port=9443", "firewall_gateway_ports"]),
-    "ssh-for-everyone": ({"firewall_admin_cidrs": ["0.0.0.0/0"]}, ["firewall_admin_cidrs", "firewall_allow_any_admin"]),
     "lan-as-two-halves": ({"firewall_lan_cidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
                           ["firewall_lan_cidrs", "firewall_allow_any_lan"]),
-    "lan-as-ipv6-halves": ({"firewall_lan_cidrs": ["10.231.0.0/24", "::/1", "8000::/1"]}, ["firewall_lan_cidrs"]),
     "extra-port-for-everyone": ({"firewall_extra_allowed_ports": [{"port": 9100, "sources": "everyone"}]},
                                 ["firewall_extra_allowed_ports", "everyone"]),
     "extra-port-icmp": ({"firewall_extra_allowed_ports": [{"port": 9100, "protocol": "icmp"}]},
                         ["firewall_extra_allowed_ports", "icmp"]),
-    "every-interface-a-container": ({"firewall_container_interfaces": ["*"]}, ["firewall_container_interfaces"]),
 }
 
 

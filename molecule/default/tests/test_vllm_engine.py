@@ -95,13 +95,30 @@ def test_only_root_and_the_gateway_account_reach_the_engine(host):
     """The engine answers /invocations without a key, so a listener on 127.0.0.1 would serve every local
     account: the firewall resets other accounts on the loopback port and on the container's address,
     and lets root (docker-proxy, the probes) and caddy (the gateway) through."""
-    addr = inspect(host)["NetworkSettings"]["IPAddress"]
+    addr = engine_address(host)
     curl = "curl -s -m 5 -o /dev/null -w '%{http_code}'"
     for url in ("http://127.0.0.1:8000/health", f"http://{addr}:8000/health"):
         assert host.run(f"{curl} {url}").stdout == "200", url
         assert host.run(f"runuser -u caddy -- {curl} {url}").stdout == "200", url
         refused = host.run(f"runuser -u nobody -- {curl} {url}")
         assert refused.rc == 7 and refused.stdout == "000", (url, refused.rc)  # 7: connection refused
+
+
+def engine_address(host) -> str:
+    networks = inspect(host)["NetworkSettings"]["Networks"]
+    assert list(networks) == ["teamserve-engine"], list(networks)  # alone on its own network, not the default bridge
+    return networks["teamserve-engine"]["IPAddress"]
+
+
+def test_other_containers_cannot_reach_the_engine(host):
+    """A container on Docker's default bridge (where an admin's other containers land) cannot connect to
+    the engine's address; one on the engine's own network can, so the probe itself works."""
+    addr, image = engine_address(host), inspect(host)["Config"]["Image"]
+    probe = (f"docker run --rm --network {{}} --entrypoint python3 {image} -c "
+             f"\"import socket; socket.create_connection(('{addr}', 8000), timeout=3); print('connected')\"")
+    assert host.run(probe.format("teamserve-engine")).stdout.strip() == "connected"
+    other = host.run(probe.format("bridge"))
+    assert other.rc != 0 and "connected" not in other.stdout, other.stdout
 
 
 def test_engine_is_offline_on_the_pinned_revision(host, testbed_vars):
