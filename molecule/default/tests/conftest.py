@@ -43,6 +43,14 @@ def ansible_playbook(playbook: pathlib.Path, extra_vars: dict | None = None, *, 
             cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def json_callback_document(stdout: str) -> dict:
+    """The one document the ansible.builtin.json callback prints at the end of a run. Other enabled
+    callbacks (ansible.cfg's profile_tasks) may print lines before it."""
+    start = 0 if stdout.startswith("{") else stdout.index("\n{") + 1
+    document, _ = json.JSONDecoder().raw_decode(stdout[start:])
+    return document
+
+
 def users_play(action: str, name: str, keys_file, users: list) -> None:
     """Run playbooks/users.yml with caddy_users = `users` (fails with the play's output tail)."""
     run = ansible_playbook(REPO / "playbooks" / "users.yml", {

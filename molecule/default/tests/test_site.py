@@ -15,7 +15,7 @@ import time
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import testinfra
-from conftest import REPO, ansible_playbook
+from conftest import REPO, ansible_playbook, json_callback_document
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -205,8 +205,7 @@ def test_settings_that_would_open_the_box_are_refused_before_anything_changes(ho
     run = ansible_playbook(REPO / "site.yml", stdout_callback="ansible.builtin.json", timeout=600,
                            args=("-i", str(tmp_path / "aliases.yml"), "--limit", "refused-*", "--forks", "8"))
     assert run.returncode != 0
-    start = 0 if run.stdout.startswith("{") else run.stdout.index("\n{") + 1
-    document, _ = json.JSONDecoder().raw_decode(run.stdout[start:])
+    document = json_callback_document(run.stdout)
     refusals: dict[str, list[str]] = {}
     for play in document["plays"]:
         for task in play["tasks"]:

@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import REPO, GatewayWatcher, ansible_playbook
+from conftest import REPO, GatewayWatcher, ansible_playbook, json_callback_document
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -57,10 +57,7 @@ def run_role(tmp_path: pathlib.Path, extra_vars: dict | None = None) -> tuple[in
         pytest.skip("needs molecule's inventory (run through `molecule verify -s default`)")
     (tmp_path / "play.yml").write_text(PLAY)
     run = ansible_playbook(tmp_path / "play.yml", extra_vars, stdout_callback="ansible.builtin.json")
-    # The json callback prints one document at the end; other enabled callbacks (ansible.cfg's profile_tasks)
-    # may print lines before it.
-    start = 0 if run.stdout.startswith("{") else run.stdout.index("\n{") + 1
-    document, _ = json.JSONDecoder().raw_decode(run.stdout[start:])
+    document = json_callback_document(run.stdout)
     results = {}
     for task in document["plays"][0]["tasks"]:  # names come as "vllm : <task name>"
         results[task["task"]["name"].split(" : ", 1)[-1]] = task["hosts"].get("teamserve-box", {})
