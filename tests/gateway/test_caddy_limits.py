@@ -72,10 +72,19 @@ PLAYBOOK = """
         src: "{repo}/roles/caddy/templates/Caddyfile.j2"
         dest: "{out}/{{{{ inventory_hostname }}}}.Caddyfile"
         mode: "0600"
+    - name: The facts the role publishes (its facts entry point)
+      ansible.builtin.include_role:
+        name: caddy
+        tasks_from: facts
+    - name: Write them beside the Caddyfile
+      ansible.builtin.copy:
+        content: "{{{{ {{'caddy_metrics_url': caddy_metrics_url}} | to_json }}}}"
+        dest: "{out}/{{{{ inventory_hostname }}}}.facts.json"
+        mode: "0600"
 """
 
 
-def render(tmp_path: pathlib.Path, hosts: dict[str, dict]) -> dict[str, str]:
+def play(tmp_path: pathlib.Path, hosts: dict[str, dict]) -> subprocess.CompletedProcess:
     """Run the caddy role's checks and render its Caddyfile once per host (vars = the host's vars)."""
     inventory = {"all": {"hosts": {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                                           **host} for name, host in hosts.items()}}}
@@ -83,9 +92,14 @@ def render(tmp_path: pathlib.Path, hosts: dict[str, dict]) -> dict[str, str]:
     (tmp_path / "play.yml").write_text(PLAYBOOK.format(repo=REPO, out=tmp_path))
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(REPO / "roles"), ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_NOCOLOR="1")
-    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i",
-                          str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml")],
-                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i",
+                           str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml")],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def render(tmp_path: pathlib.Path, hosts: dict[str, dict]) -> dict[str, str]:
+    """play(), which must pass; the rendered Caddyfile of each host."""
+    run = play(tmp_path, hosts)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     return {name: (tmp_path / f"{name}.Caddyfile").read_text() for name in hosts}
 
@@ -114,3 +128,55 @@ def test_switching_the_profile_switches_the_caps(tmp_path):
         # One zone per distinct limit: alice and bob share one.
         assert sorted(re.findall(r"zone (\S+) \{", caddyfile)) == ["rate_5_per_1h", "rate_60_per_1m"]
         assert "limit {teamserve_max_inflight}" in caddyfile
+
+
+USERS = [{"name": "alice", "key": "a" * 40, "rate_limit": {"events": 60, "window": "1m"}}]
+PLAN = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048}}
+REFUSALS = {"invalid_api_key", "rate_limit_exceeded", "server_full", "engine_unavailable", "maintenance",
+            "request_too_large", "not_found"}  # concurrency_limit_exceeded: the inflight_limit module's own
+
+
+def test_metrics_site_on_loopback_only_and_off_at_zero(tmp_path):
+    """caddy_metrics_port: a second site bound to 127.0.0.1 that serves only /metrics (404 otherwise), and
+    the global option that collects them; 0 leaves both out."""
+    hosts = {"default": {"vllm_plan": PLAN, "caddy_users": USERS},
+             "off": {"vllm_plan": PLAN, "caddy_users": USERS, "caddy_metrics_port": 0}}
+    rendered = render(tmp_path, hosts)
+    site = rendered["default"].split("\nhttp://127.0.0.1:2020 {\n", 1)[1]
+    assert site == "\tbind 127.0.0.1\n\thandle /metrics {\n\t\tmetrics\n\t}\n\thandle {\n\t\trespond 404\n\t}\n}\n"
+    options = rendered["default"].split("\n}\n", 1)[0]  # the global options block
+    assert "\n\tmetrics\n" in options
+    # Named servers: the metrics' `server` label does not depend on which sites there are.
+    assert "\tservers :8443 {\n\t\tname gateway\n" in options and "\tservers :8443 {\n\t\tname gateway\n" in rendered["off"]
+    assert "\tservers 127.0.0.1:2020 {\n\t\tname metrics\n\t}\n" in options
+    assert rendered["default"].count("bind ") == 1  # the gateway's own site still listens on every address
+    assert "2020" not in rendered["off"] and not re.search(r"^\s*metrics$", rendered["off"], re.M)
+    # The scrape URL other roles read, empty when off.
+    facts = {name: json.loads((tmp_path / f"{name}.facts.json").read_text()) for name in hosts}
+    assert facts == {"default": {"caddy_metrics_url": "http://127.0.0.1:2020/metrics"},
+                     "off": {"caddy_metrics_url": ""}}
+
+
+@pytest.mark.parametrize("maintenance", [False, True])
+def test_every_error_answer_labels_its_refusal_in_the_access_log(tmp_path, maintenance):
+    """Each OpenAI-style error the gateway writes goes through one snippet that also sets the access log's
+    `refused` field to the error's code; every code it answers with is one of the known kinds."""
+    caddyfile = render(tmp_path, {"box": {"vllm_plan": PLAN, "caddy_users": USERS,
+                                          "caddy_maintenance": maintenance}})["box"]
+    snippet = caddyfile.split("(openai_error) {\n", 1)[1].split("\n}\n", 1)[0]
+    assert snippet.startswith("\tlog_append refused {args[3]}\n")
+    codes = set(re.findall(r"^\s*import openai_error \d{3} .* (\S+)$", caddyfile, re.M))
+    assert codes == REFUSALS - ({"maintenance"} if not maintenance else set())
+    if maintenance:
+        assert "\t\t\tlog_append refused maintenance\n" in caddyfile  # the public /health answer
+
+
+@pytest.mark.parametrize("port,problem", [(8443, "other than"), (80, "1024-65535"), ("metrics", "1024-65535")])
+def test_an_unusable_metrics_port_is_refused(tmp_path, port, problem):
+    run = play(tmp_path, {"box": {"vllm_plan": PLAN, "caddy_users": USERS, "caddy_metrics_port": port}})
+    output = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode != 0
+    assert f"caddy_metrics_port={port} must be 0 (no metrics) or a port in 1024-65535 other than " \
+           "caddy_listen_port=8443" in output, output[-2000:]
+    assert not (tmp_path / "box.Caddyfile").exists()
+

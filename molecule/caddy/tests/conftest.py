@@ -56,6 +56,12 @@ def ca_file() -> str:
     return str(path)
 
 
+def access_log_entries(host) -> list[dict]:
+    """Every entry of the current access log, oldest first."""
+    return [json.loads(line) for line in host.file("/var/log/caddy/access.log").content_string.splitlines()
+            if line.strip()]
+
+
 def access_log_entry(host, request_id: str, timeout: float = 15) -> dict:
     """The access log's entry for the request sent with header X-Request-Id: request_id. Caddy writes it
     when its handler returns, which can be after the client has its last byte, so this polls (every

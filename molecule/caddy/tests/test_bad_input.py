@@ -70,3 +70,14 @@ def test_an_empty_user_list_is_refused_before_any_change(host):
     assert "caddy_users is empty, so the gateway would answer every request 401" in output
     assert "caddy_allow_no_users" in output and "changed=0" in run.stdout
     assert host.check_output(f"sha256sum {WATCHED}") == before
+
+
+def test_a_log_reader_that_is_not_an_account_is_refused_before_any_change(host):
+    before = host.check_output(f"sha256sum {WATCHED}") + host.check_output("getfacl -p /var/log/caddy")
+    run = run_converge({"caddy_access_log_readers": ["logreader", "no-such-reader"]}, timeout=300)
+    assert run.returncode != 0
+    output = " ".join((run.stdout + run.stderr).split())
+    assert "caddy_access_log_readers: no-such-reader is not an account on this host" in output
+    assert "changed=0" in run.stdout
+    assert host.check_output(f"sha256sum {WATCHED}") + host.check_output("getfacl -p /var/log/caddy") == before
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import EPHEMERAL, SCENARIO, run_converge
+from conftest import EPHEMERAL, SCENARIO, access_log_entries, run_converge
 from test_gateway import assert_openai_error, raw
 
 PLAYBOOKS = SCENARIO.parents[1] / "playbooks"
@@ -41,12 +41,19 @@ def test_key_file_is_vault_encrypted(keys, gateway_vars):
         assert secret not in text
 
 
-def test_expired_key_gets_401_without_a_play(base_url, ca_file, side_effect, keys):
+def test_expired_key_gets_401_without_a_play(host, base_url, ca_file, side_effect, keys):
     expires = side_effect["frank_expires_epoch"]
     if time.time() < expires - 2:
         assert raw(base_url, ca_file, "/v1/models", keys["frank"]).status_code == 200
     time.sleep(max(0.0, expires + 1 - time.time()))  # bounded: side_effect set it 60 s ahead
     assert_openai_error(raw(base_url, ca_file, "/v1/models", keys["frank"]), 401, "invalid_api_key")
+    # A known key's 401 is logged with the user's name: an expired key shows whose it is.
+    deadline = time.monotonic() + 10  # Caddy writes the entry as the handler returns
+    while not [e for e in access_log_entries(host) if e.get("user") == "frank" and e["status"] == 401]:
+        assert time.monotonic() < deadline, "no 401 entry for frank in the access log"
+        time.sleep(0.3)
+    assert {e.get("refused") for e in access_log_entries(host) if e.get("user") == "frank" and e["status"] == 401} \
+        == {"invalid_api_key"}
 
 
 def test_revoking_a_user_while_another_key_has_expired(base_url, ca_file, keys, gateway_vars):

@@ -11,9 +11,10 @@
 //
 // A request whose key already has `limit` requests in flight is answered at once with 429, a
 // Retry-After header and an OpenAI-style JSON error (code "concurrency_limit_exceeded"); it is not
-// queued. A slot is held until the rest of the handler chain returns: for reverse_proxy that is when
-// the response (a whole SSE stream included) has been copied or the client has gone away. The slot is
-// released on panics too. Cost per request: one map lookup under a mutex; empty buckets are deleted,
+// queued, and its access-log entry gets the field "refused": "concurrency_limit_exceeded". A slot is
+// held until the rest of the handler chain returns: for reverse_proxy that is when the response (a
+// whole SSE stream included) has been copied or the client has gone away. The slot is released on
+// panics too. Cost per request: one map lookup under a mutex; empty buckets are deleted,
 // so memory follows the keys in flight, not the keys ever seen.
 
 package gateway
@@ -181,10 +182,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("inflight_limit: limit %q: %v", limitText, err))
 	}
 	if !h.counters.acquire(key, limit) {
+		logRefusal(r)
 		return h.refuse(w, limit)
 	}
 	defer h.counters.release(key)
 	return next.ServeHTTP(w, r)
+}
+
+// RefusedLogField names the access-log field that carries the error code of a refusal; the gateway's
+// Caddyfile sets the same field (log_append) for the refusals it answers itself, so log readers can
+// count refusals by kind and tell this 429 from the rate limiter's.
+const RefusedLogField = "refused"
+
+// logRefusal adds `refused` to the request's access-log entry. The extra fields exist only inside
+// Caddy's HTTP server: elsewhere (a bare handler in a test) there is nothing to add to.
+func logRefusal(r *http.Request) {
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok && extra != nil {
+		extra.Add(zap.String(RefusedLogField, ErrorCode))
+	}
 }
 
 type openAIError struct {

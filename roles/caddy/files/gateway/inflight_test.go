@@ -4,8 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +21,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	_ "github.com/caddyserver/caddy/v2/modules/filestorage" // storage in the test's own directory
+	_ "github.com/caddyserver/caddy/v2/modules/logging"     // the access log's file writer and JSON encoder
 )
 
 // provisioned returns a handler keyed by the {user} placeholder, provisioned in a fresh Caddy context.
@@ -321,5 +328,135 @@ func TestCaddyfileAdapts(t *testing.T) {
 	}
 	if !strings.Contains(string(out), `"handler":"inflight_limit","key":"{http.request.header.X-User}","limit":"2"`) {
 		t.Fatalf("adapted JSON lacks the handler: %s", out)
+	}
+}
+
+// holdHandler is a test-only Caddy handler that holds each request until holdRelease is closed (a stream
+// still running), so the next request of the same key meets a full bucket inside a real Caddy server.
+type holdHandler struct{}
+
+var (
+	holdStarted = make(chan struct{}, 16)
+	holdRelease = make(chan struct{})
+)
+
+func (holdHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.inflight_test_hold", New: func() caddy.Module { return new(holdHandler) }}
+}
+
+func (holdHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	w.WriteHeader(http.StatusOK)
+	holdStarted <- struct{}{}
+	select {
+	case <-holdRelease:
+	case <-r.Context().Done():
+	}
+	return nil
+}
+
+func init() { caddy.RegisterModule(holdHandler{}) }
+
+// accessLogEntries returns the JSON access-log lines whose X-Request-Id header is id, polling (Caddy writes
+// an entry when the handler chain returns, which may be after the client has the response).
+func accessLogEntries(t *testing.T, path, id string) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		data, _ := os.ReadFile(path)
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			var entry map[string]any
+			if json.Unmarshal([]byte(line), &entry) != nil {
+				continue
+			}
+			headers, _ := entry["request"].(map[string]any)["headers"].(map[string]any)
+			if ids, _ := headers["X-Request-Id"].([]any); len(ids) == 1 && ids[0] == id {
+				return entry
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no access-log entry for request %s in %q", id, data)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// In a real Caddy server, the concurrency refusal's access-log entry carries refused=concurrency_limit_exceeded
+// (what log readers count per kind); an admitted request's entry has no such field.
+func TestRefusalIsLabelledInTheAccessLog(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("XDG_DATA_HOME", dir) // Caddy's instance id
+	t.Setenv("XDG_CONFIG_HOME", dir)
+	socket, logPath := filepath.Join(dir, "s.sock"), filepath.Join(dir, "access.log")
+	config := fmt.Sprintf(`{
+		"admin": {"disabled": true, "config": {"persist": false}},
+		"storage": {"module": "file_system", "root": %q},
+		"logging": {"logs": {"access": {
+			"writer": {"output": "file", "filename": %q, "roll": false},
+			"encoder": {"format": "json"}, "include": ["http.log.access.access"]}}},
+		"apps": {"http": {"servers": {"gateway": {
+			"listen": ["unix/%s"],
+			"automatic_https": {"disable": true},
+			"logs": {"default_logger_name": "access"},
+			"routes": [{"handle": [
+				{"handler": "inflight_limit", "key": "{http.request.header.X-User}", "limit": "1"},
+				{"handler": "inflight_test_hold"}]}]}}}}}`, dir, logPath, socket)
+	if err := caddy.Load([]byte(config), true); err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+		}}}
+	send := func(id string) int {
+		req, _ := http.NewRequest(http.MethodPost, "http://gateway/v1/chat/completions", nil)
+		req.Header.Set("X-User", "alice")
+		req.Header.Set("X-Request-Id", id)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	held := make(chan int)
+	go func() { held <- send("held") }() // admitted: holds alice's only slot until released
+	<-holdStarted
+	if code := send("refused"); code != http.StatusTooManyRequests {
+		t.Fatalf("second request: %d, want 429", code)
+	}
+	close(holdRelease)
+	if code := <-held; code != http.StatusOK {
+		t.Fatalf("first request: %d, want 200", code)
+	}
+
+	if entry := accessLogEntries(t, logPath, "refused"); entry["refused"] != ErrorCode || entry["status"] != 429.0 {
+		t.Fatalf("refused request's entry: refused=%v status=%v, want %q and 429", entry["refused"], entry["status"], ErrorCode)
+	}
+	if entry := accessLogEntries(t, logPath, "held"); entry["status"] != 200.0 {
+		t.Fatalf("admitted request's entry: status=%v", entry["status"])
+	} else if _, labelled := entry["refused"]; labelled {
+		t.Fatalf("admitted request's entry is labelled refused: %v", entry)
+	}
+}
+
+// Outside Caddy's HTTP server the request has no access-log fields: the refusal must still be answered.
+func TestRefusalWithoutAccessLogFields(t *testing.T) {
+	h := provisioned(t, "1")
+	next := newBlockingNext()
+	defer close(next.release)
+	go func() { _ = h.ServeHTTP(httptest.NewRecorder(), request(context.Background(), "frida", ""), next) }()
+	<-next.started
+	for _, ctx := range []context.Context{
+		context.Background(),
+		context.WithValue(context.Background(), caddyhttp.ExtraLogFieldsCtxKey, (*caddyhttp.ExtraLogFields)(nil)),
+	} {
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, request(ctx, "frida", ""), next); err != nil || w.Code != http.StatusTooManyRequests {
+			t.Fatalf("status %d, error %v; want 429 and none", w.Code, err)
+		}
 	}
 }
