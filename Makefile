@@ -44,10 +44,16 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff and mypy (config
 	ruff check .
 	mypy
 
+# promtool, amtool and mtail for the monitoring role's unit tests: the pinned Debian packages, unpacked.
+MONITORING_TOOLS := $(CURDIR)/.cache/monitoring-tools
+export MONITORING_TOOLS
+$(MONITORING_TOOLS)/versions: roles/monitoring/defaults/main.yml tests/tools/monitoring-tools.sh
+	tests/tools/monitoring-tools.sh $(MONITORING_TOOLS)
+
 go-test: ## go test -race of the gateway's own Caddy modules (roles/caddy/files/gateway)
 	cd roles/caddy/files/gateway && go test -race -count=1 ./...
 
-unit: venv go-test ## Unit tests: the capacity planner, the roles' Python code, the gateway's Go modules
+unit: venv go-test $(MONITORING_TOOLS)/versions ## Unit tests: the planner, the roles' Python code and rules, the gateway's Go modules
 	pytest -q tests/capacity tests/unit tests/gateway tests/firewall
 
 molecule: testbed ## Molecule scenarios in lanes and phases (MOLECULE_LANES="caddy" runs one scenario)

@@ -1,0 +1,145 @@
+"""Monitoring on the converged box: Prometheus holds the engine's, the gateway's, the host's and the per-user
+series; a context-creep alert (the testbed's short window) reaches a webhook receiver; the status view
+prints what Prometheus holds; every dashboard query reads metrics Prometheus scraped; and none of the
+monitoring ports answers from the LAN or the outside client."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pathlib
+import sys
+import time
+import urllib.parse
+
+import httpx2 as httpx
+import pytest
+import testinfra
+from conftest import GATEWAY, GATEWAY_CA, REPO, ansible_playbook, json_callback_document
+
+sys.path.insert(0, str(REPO))
+from tests.promql import dashboard_queries, metric_names  # noqa: E402
+
+testinfra_hosts = ["ansible://teamserve-box"]
+LAN_CLIENT = testinfra.get_host("docker://teamserve-lan-client")
+WAN_CLIENT = testinfra.get_host("docker://teamserve-wan-client")
+MONITORING_PORTS = (9090, 9093, 9094, 9100, 3903, 2020)  # Prometheus, Alertmanager (web, cluster), node, mtail, Caddy
+WEBHOOK = REPO / "tests" / "testbed" / "webhook_receiver.py"
+DASHBOARD = REPO / "roles" / "monitoring" / "files" / "grafana" / "teamserve-dashboard.json"
+
+
+def query(host, expr: str, at: float | None = None) -> list[dict]:
+    """Prometheus's instant-query result for `expr` (at Unix time `at`, or now), read on the box."""
+    params = {"query": expr, **({"time": f"{at}"} if at is not None else {})}
+    out = host.check_output("curl -sf %s", "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode(params))
+    body = json.loads(out)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def test_prometheus_holds_engine_gateway_host_and_per_user_series(host, keys):
+    with httpx.Client(verify=str(GATEWAY_CA), timeout=30) as http:  # one answer and one refusal for alice
+        http.get(GATEWAY + "/v1/models", headers={"Authorization": f"Bearer {keys['alice']}"}).raise_for_status()
+        assert http.get(GATEWAY + "/v1/models", headers={"Authorization": "Bearer sk-ts-unknown"}).status_code == 401
+    deadline = time.monotonic() + 60
+    while True:
+        up = {r["metric"]["job"]: r["value"][1] for r in query(host, "up")}
+        users = {r["metric"]["user"] for r in query(host, "teamserve_gateway_requests_total")}
+        if (all(up.get(job) == "1" for job in ("vllm", "caddy", "node", "mtail", "prometheus", "alertmanager"))
+                and {"alice", "anonymous"} <= users) or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    assert up == {"vllm": "1", "caddy": "1", "node": "1", "mtail": "1", "prometheus": "1", "alertmanager": "1"}
+    assert {"alice", "anonymous"} <= users
+    for expr in ("vllm:num_requests_waiting", "vllm:time_to_first_token_seconds_bucket", "caddy_http_requests_total",
+                 "node_memory_MemAvailable_bytes", 'teamserve_gateway_refusals_total{user="anonymous",kind="invalid_api_key"}',
+                 "teamserve_plan_avg_context_tokens", 'teamserve_engine_cold_start_seconds{trigger="deploy"}'):
+        assert query(host, expr), f"Prometheus has no {expr}"
+    (plan_avg,) = query(host, "teamserve_plan_avg_context_tokens")
+    assert float(plan_avg["value"][1]) == 1000  # the testbed workload's avg_context_tokens, through the plan
+
+
+@pytest.fixture
+def webhook(host):
+    """The testbed's webhook receiver on the box's loopback (what Alertmanager posts to), for at most 10 min."""
+    host.run("systemctl stop teamserve-test-webhook")
+    encoded = base64.b64encode(WEBHOOK.read_bytes()).decode()
+    host.check_output("echo %s | base64 -d > /usr/local/bin/teamserve-webhook-receiver", encoded)
+    host.check_output("rm -f /run/teamserve-alerts.jsonl && systemd-run --unit teamserve-test-webhook "
+                      "--property=RuntimeMaxSec=600 /usr/bin/python3 /usr/local/bin/teamserve-webhook-receiver "
+                      "127.0.0.1 9099 /run/teamserve-alerts.jsonl")
+    yield pathlib.PurePosixPath("/run/teamserve-alerts.jsonl")
+    host.run("systemctl stop teamserve-test-webhook")
+
+
+def firing(posts: list[dict]) -> list[dict]:
+    """The firing TeamserveContextCreep alerts in Alertmanager's webhook posts (a resolved one from an
+    earlier run may come first)."""
+    return [a for post in posts for a in post["alerts"]
+            if a["labels"]["alertname"] == "TeamserveContextCreep" and a["status"] == "firing"]
+
+
+def test_context_creep_alert_reaches_the_webhook(host, keys, webhook):
+    """Prompts of 1,900 tokens against the plan's 1,000 (threshold 1,500 with the 0.5 margin), one every
+    3 s for at most 40 requests (2 min), until Alertmanager posts TeamserveContextCreep."""
+    received: list[dict] = []
+    with httpx.Client(verify=str(GATEWAY_CA), timeout=60) as http:
+        for _ in range(40):
+            answer = http.post(GATEWAY + "/v1/completions", headers={"Authorization": f"Bearer {keys['bob']}"},
+                               json={"model": "tiny", "prompt": [7] * 1900, "max_tokens": 1})
+            assert answer.status_code == 200, answer.text[:300]
+            posted = host.run("cat %s", str(webhook)).stdout
+            received = [json.loads(line) for line in posted.splitlines() if line.strip()]
+            if firing(received):
+                break
+            time.sleep(3)
+    alerts = firing(received)
+    assert alerts, f"no firing context-creep alert posted ({received}); Prometheus says {query(host, 'ALERTS')}"
+    assert "the plan assumed 1000" in alerts[0]["annotations"]["summary"]
+    assert alerts[0]["annotations"]["runbook"]
+
+
+def test_status_view_prints_what_prometheus_holds(host, keys):
+    run = ansible_playbook(REPO / "playbooks" / "status.yml", stdout_callback="ansible.builtin.json", timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    document = json_callback_document(run.stdout)
+    # Task names as the json callback gives them ("monitoring : Collect the figures"), without the role.
+    tasks = {t["task"]["name"].split(" : ")[-1]: next(iter(t["hosts"].values())) for t in document["plays"][0]["tasks"]}
+    facts = tasks["Collect the figures"]["ansible_facts"]
+    printed = "\n".join(tasks["Print the status"]["msg"])
+    at = float(facts["monitoring_status_time_used"])
+    # The same expressions, evaluated by Prometheus at the same instant, give the printed figures.
+    for name, expr in (("waiting", 'sum(vllm:num_requests_waiting{job="vllm"})'),
+                       ("mean_prompt_tokens", "teamserve:vllm_prompt_tokens:mean"),
+                       ("plan_avg_context_tokens", "teamserve_plan_avg_context_tokens")):
+        assert facts["monitoring_status"][name] == query(host, expr, at), name
+    requests = {r["metric"]["user"]: float(r["value"][1])
+                for r in query(host, "sum by (user) (increase(teamserve_gateway_requests_total[1h]))", at)}
+    assert requests.get("bob", 0) > 0
+    assert f"bob: {round(requests['bob'], 1)} requests" in printed
+    assert "Engine up:              yes" in printed
+    assert "(plan 1000.0)" in printed
+
+
+def test_every_dashboard_query_reads_scraped_metrics(host):
+    """DCGM_ metrics come from NVIDIA's exporter, which the testbed (no GPU) does not run."""
+    scraped = set(json.loads(host.check_output("curl -sf http://127.0.0.1:9090/api/v1/label/__name__/values"))["data"])
+    missing = {}
+    for title, expr in dashboard_queries(json.loads(DASHBOARD.read_text())):
+        names = {n for n in metric_names(expr) if not n.startswith("DCGM_")}
+        if names - scraped:
+            missing[title] = sorted(names - scraped)
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("client", [LAN_CLIENT, WAN_CLIENT], ids=["lan", "wan"])
+def test_monitoring_ports_are_not_reachable_from_outside_the_box(host, client):
+    box = "10.231.0.10" if client is LAN_CLIENT else "10.232.0.10"
+    # Every port at once (a dropped SYN costs the whole --max-time): one "port code" line each.
+    probes = " ".join(f"echo {port} $(curl -s -o /dev/null -w '%{{http_code}}' --max-time 3 http://{box}:{port}/) &"
+                      for port in MONITORING_PORTS)
+    answers = dict(line.split() for line in client.run(f"{probes} wait").stdout.splitlines() if line.strip())
+    assert answers == {str(port): "000" for port in MONITORING_PORTS}, f"from {client.backend.name}: {answers}"
+    # ...while they do answer on the box's loopback.
+    for port in (9090, 9093, 9100, 3903, 2020):
+        assert host.run(f"curl -s -o /dev/null --max-time 3 http://127.0.0.1:{port}/metrics").rc == 0, port
