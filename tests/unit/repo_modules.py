@@ -66,6 +66,20 @@ def example_profile_plans() -> dict[str, dict[str, Any]]:
     return {r["msg"]["profile"]: r["msg"]["plan"] for r in results}
 
 
+def trust(value: Any) -> Any:
+    """Mark YAML-loaded strings (inside dicts and lists too) as templates: ansible-core 2.19 renders only
+    trusted strings."""
+    from ansible.template import trust_as_template
+
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {k: trust(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [trust(v) for v in value]
+    return value
+
+
 def _register_module_utils() -> None:
     for path in sorted((REPO / "module_utils").glob("*.py")):
         name = f"ansible.module_utils.{path.stem}"

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
-from repo_modules import load
+from ansible.template import Templar
+from repo_modules import load, trust
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # tests.promql, as the molecule verifiers import it
@@ -224,17 +224,6 @@ def test_panels_do_not_overlap(dashboard: dict[str, Any]) -> None:
 LOADER = DataLoader()
 
 
-def _trust(value: Any) -> Any:
-    """Mark YAML-loaded strings as templates (ansible-core 2.19 renders only trusted strings)."""
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, dict):
-        return {k: _trust(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_trust(v) for v in value]
-    return value
-
-
 @pytest.fixture(scope="module")
 def grafana_tasks() -> dict[str, dict[str, Any]]:
     tasks: dict[str, dict[str, Any]] = {}
@@ -248,8 +237,8 @@ def grafana_tasks() -> dict[str, dict[str, Any]]:
 def _render(task: dict[str, Any], value: Any, facts: dict[str, Any]) -> Any:
     variables = {"ansible_managed": "Ansible managed", "monitoring_grafana_port": 3000,
                  "monitoring_prometheus_url": "http://127.0.0.1:9090", "monitoring_scrape_interval": "15s",
-                 **facts, **_trust(task.get("vars") or {})}
-    return Templar(loader=LOADER, variables=variables).template(_trust(value))
+                 **facts, **trust(task.get("vars") or {})}
+    return Templar(loader=LOADER, variables=variables).template(trust(value))
 
 
 def test_grafana_provisions_the_datasource_and_folder_the_dashboard_uses(

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
+from ansible.template import Templar
+from repo_modules import trust
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"
 LOADER = DataLoader()
@@ -34,17 +35,6 @@ FACTS = {
 }
 
 
-def _trust(value):
-    """Mark YAML-loaded strings as templates (ansible-core 2.19 renders only trusted strings)."""
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, dict):
-        return {k: _trust(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_trust(v) for v in value]
-    return value
-
-
 class Role:
     """A role's variables for one distribution, with helpers to render its expressions."""
 
@@ -52,11 +42,11 @@ class Role:
         self.role = ROLES / role
         self.vars: dict = {"ansible_managed": "Ansible managed", "ansible_facts": facts}
         for part in ("defaults/main.yml", "vars/main.yml"):
-            self.vars.update(_trust(LOADER.load_from_file(str(self.role / part))))
+            self.vars.update(trust(LOADER.load_from_file(str(self.role / part))))
         self.vars.update(overrides)
 
     def render(self, value):
-        return Templar(loader=LOADER, variables=self.vars).template(_trust(value))
+        return Templar(loader=LOADER, variables=self.vars).template(trust(value))
 
     def template(self, name: str) -> str:
         return self.render((self.role / "templates" / name).read_text())
@@ -78,10 +68,10 @@ class Role:
         callee = Role.__new__(Role)
         callee.role = ROLES / target["name"]
         callee.vars = dict(self.vars)
-        callee.vars.update(_trust(LOADER.load_from_file(str(callee.role / "defaults/main.yml"))))
+        callee.vars.update(trust(LOADER.load_from_file(str(callee.role / "defaults/main.yml"))))
         callee.vars.update({k: self.render(v) for k, v in task.get("vars", {}).items()})
         if (callee.role / "vars/main.yml").exists():
-            callee.vars.update(_trust(LOADER.load_from_file(str(callee.role / "vars/main.yml"))))
+            callee.vars.update(trust(LOADER.load_from_file(str(callee.role / "vars/main.yml"))))
         return callee
 
 
@@ -233,7 +223,7 @@ def test_toolkit_driver_pair(toolkit, branch, ok):
     role = Role("nvidia_container_toolkit", FACTS[("Ubuntu", "24.04")],
                 nvidia_container_toolkit_version=toolkit, nvidia_container_toolkit_driver_branch=branch)
     task = role.task("assert.yml", "Refuse a toolkit older than the driver branch needs")
-    role.vars.update(_trust(task["vars"]))
+    role.vars.update(trust(task["vars"]))
     assert all(role.condition(c) for c in task["ansible.builtin.assert"]["that"]) is ok
 
 
@@ -244,7 +234,7 @@ def test_nvidia_driver_gpus_fact_matches_contract():
     role.vars["__nvidia_driver_smi"] = {"stdout_lines": [
         "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.95.05",
         "1, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.95.05", ""]}
-    role.vars.update(_trust(task["vars"]))
+    role.vars.update(trust(task["vars"]))
     gpus = role.render(task["ansible.builtin.set_fact"]["nvidia_driver_gpus"])
     assert gpus == [
         {"index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "memory_total_mib": 97887,
@@ -273,7 +263,7 @@ def test_branch_older_than_the_detected_card_is_refused(ids, branch, refused):
     role.vars["__nvidia_driver_pci_ids"] = _pci_ids(*ids)
     role.vars["inventory_hostname"] = "gpu-box"
     task = role.task("preflight.yml", "Refuse a branch older than the detected card needs")
-    role.vars.update(_trust(task["vars"]))
+    role.vars.update(trust(task["vars"]))
     applies = role.condition(task["when"])
     passes = all(role.condition(c) for c in task["ansible.builtin.assert"]["that"])
     assert (applies and not passes) is refused
@@ -325,7 +315,7 @@ def test_check_mode_skips_the_install_while_apt_does_not_know_the_packages(polic
     common = role.include("main.yml", DRIVER_PACKAGES)
     common.vars.update(ansible_check_mode=True, __gpu_host_common_policy={"stdout_lines": policy.splitlines()})
     block = common.task("packages.yml", "Install the packages")
-    common.vars.update(_trust(block["vars"]))
+    common.vars.update(trust(block["vars"]))
     assert common.condition(block["when"]) is not skipped
     common.vars["ansible_check_mode"] = False
     assert common.condition(block["when"]) is True
@@ -363,7 +353,7 @@ def test_recheck_finds_the_gpu_containers_by_their_device_requests():
         {"Name": "/tpu", "HostConfig": {"DeviceRequests": [{"Driver": "other", "Capabilities": [["tpu"]]}]}}]
     common.vars["__gpu_host_common_inspect"] = {"stdout": json.dumps(containers)}
     task = common.task("recheck_gpu.yml", "Run the GPU check inside each running GPU container (--gpus or an nvidia device request)")
-    common.vars.update(_trust(task["vars"]))
+    common.vars.update(trust(task["vars"]))
     assert common.render(task["loop"]) == ["vllm", "trainer"]
     assert common.render(task["ansible.builtin.command"]["argv"].replace("item", "'vllm'")) == [
         "docker", "exec", "vllm", "nvidia-smi", "-L"]
