@@ -76,7 +76,7 @@ def rendered(plan, tmp_path_factory) -> dict[str, pathlib.Path]:
         "vllm_plan": plan, "vllm_engine_url": "http://127.0.0.1:8000",
         "caddy_metrics_url": "http://127.0.0.1:2020/metrics", "caddy_access_log_path": "/var/log/caddy/access.log",
         "vllm_workload": {"ttft_p95_seconds": TTFT_TARGET, "tpot_seconds": TPOT_TARGET},
-        "vllm_ready_timeout": READY_TIMEOUT, "vllm_cold_start_regression_margin": 1.5,
+        "vllm_ready_timeout": READY_TIMEOUT, "vllm_cold_start_regression_margin": 1.0,
         "vllm_cold_start_records": COLD_STARTS, "monitoring_dcgm_exporter_enabled": True,
         "monitoring_alertmanager_receivers": [
             {"name": "team-chat", "webhook_url": "https://chat.example.org/hooks/teamserve"},
@@ -190,7 +190,15 @@ def test_alerts_fire_as_designed(rendered, plan, tmp_path):
                 _alert("TeamserveGatewayDown", "20m"),
             ],
         },
-        {   # Mean prompt 100 tokens below the threshold: never fires.
+        {   # A restart 75 % slower than the one before, within the +100 % margin: no alert.
+        "interval": "1m",
+        "input_series": [
+            {"series": 'teamserve_engine_cold_start_seconds{trigger="restart"}', "values": "70x30"},
+            {"series": 'teamserve_engine_cold_start_previous_seconds{trigger="restart"}', "values": "40x30"},
+        ],
+        "alert_rule_test": [_alert("TeamserveColdStartRegression", "5m")],
+    },
+    {   # Mean prompt 100 tokens below the threshold: never fires.
             "interval": "1m",
             "input_series": [
                 {"series": f"vllm:request_prompt_tokens_sum{vllm}", "values": f"0+{10 * (creep - 100)}x120"},
@@ -314,6 +322,7 @@ GOOD = {"vllm_plan": {"numbers": {"avg_context_tokens": 1000, "kv_tokens": 2_000
         "vllm_engine_url": "http://127.0.0.1:8000", "caddy_metrics_url": "http://127.0.0.1:2020/metrics",
         "caddy_access_log_path": "/var/log/caddy/access.log", "monitoring_dcgm_exporter_enabled": False}
 REFUSALS = {
+    "ok_small_cold_start_margin": ({"vllm_cold_start_regression_margin": 0.5}, None),
     "ok_webhook": ({"monitoring_alertmanager_receivers": [{"name": "chat", "webhook_url": "http://127.0.0.1:9099/a"}]},
                    None),
     "receiver_without_target": ({"monitoring_alertmanager_receivers": [{"name": "chat"}]},
