@@ -6,14 +6,17 @@ report ``site.yml`` prints.
 """
 
 from .errors import PlanError
+from .gpus import GPU_TABLE, GPUModel, find_gpu
 from .kv import KVLayout, kv_layout
 from .logs import measured_from_log, parse_startup_log
 from .memory import GIB, MIB
-from .model import ModelSpec, estimate_params, parse_config
+from .model import ModelSpec, parse_config
 from .planner import PINNED_VLLM, plan
+from .weights import checkpoint_total, estimate_params, estimate_weights, quant_from_config
 
 __all__ = [
-    "GIB", "MIB", "KVLayout", "ModelSpec", "PINNED_VLLM", "PlanError", "estimate_params",
-    "kv_layout", "measured_from_log", "parse_config", "parse_startup_log", "plan",
+    "GIB", "GPU_TABLE", "GPUModel", "MIB", "KVLayout", "ModelSpec", "PINNED_VLLM", "PlanError",
+    "checkpoint_total", "estimate_params", "estimate_weights", "find_gpu", "kv_layout",
+    "measured_from_log", "parse_config", "parse_startup_log", "plan", "quant_from_config",
 ]
 __version__ = "0.1.0"

@@ -27,24 +27,26 @@ FP8_NATIVE_MIN = (8, 9)
 # with an fp8 KV cache (and has no bf16).
 FP8_KV_MIN = (8, 0)
 
-# weight_format -> (bits per weight including scales, minimum compute capability,
-#                   native from, vLLM --quantization value for an unquantised
-#                   checkpoint or None when the format needs a pre-quantised one)
-# Bits: fp8 per-channel scales are negligible; AWQ/GPTQ int4 with group 128
-# carry a 16-bit scale and a 4-bit zero per group (4 + 20/128); NVFP4 has an
-# 8-bit scale per 16 weights (4 + 8/16); MXFP4 an 8-bit scale per 32 (4 + 8/32).
-WEIGHT_FORMATS: dict[str, tuple[float, tuple[int, int], tuple[int, int], str | None]] = {
-    "bf16": (16.0, (8, 0), (8, 0), None),
-    "fp16": (16.0, (7, 0), (7, 0), None),
-    "fp8": (8.0, (7, 5), FP8_NATIVE_MIN, "fp8"),
-    "awq": (4.0 + 20 / 128, (7, 5), (7, 5), None),
-    "gptq": (4.0 + 20 / 128, (7, 5), (7, 5), None),
-    "nvfp4": (4.5, (8, 0), (10, 0), None),
-    "mxfp4": (4.25, (8, 0), (10, 0), None),
+# weight_format -> (minimum compute capability, native from, vLLM --quantization
+#                   value for a 16-bit checkpoint it quantises at load time, or
+#                   None when the format needs a pre-quantised checkpoint).
+# The bytes of each format are teamserve_capacity.weights' (scales, zeros and
+# unquantised embeddings included). bitsandbytes: vLLM 0.32
+# BitsAndBytesConfig.get_min_capability() is 70.
+WEIGHT_FORMATS: dict[str, tuple[tuple[int, int], tuple[int, int], str | None]] = {
+    "bf16": ((8, 0), (8, 0), None),
+    "fp16": ((7, 0), (7, 0), None),
+    "fp8": ((7, 5), FP8_NATIVE_MIN, "fp8"),
+    "awq": ((7, 5), (7, 5), None),
+    "gptq": ((7, 5), (7, 5), None),
+    "nvfp4": ((8, 0), (10, 0), None),
+    "mxfp4": ((8, 0), (10, 0), None),
+    "bitsandbytes": ((7, 0), (7, 0), "bitsandbytes"),
 }
 
 # vLLM --quantization names that a pre-quantised checkpoint's
-# quantization_config.quant_method maps to (vLLM 0.32 QUANTIZATION_METHODS).
+# quantization_config.quant_method maps to (vLLM 0.32 QUANTIZATION_METHODS),
+# with the weight formats such a checkpoint can be.
 QUANT_METHOD_FLAG: dict[str, str] = {
     "fp8": "fp8",
     "awq": "awq",
@@ -53,6 +55,17 @@ QUANT_METHOD_FLAG: dict[str, str] = {
     "modelopt": "modelopt",
     "modelopt_fp4": "modelopt_fp4",
     "compressed-tensors": "compressed-tensors",
+    "bitsandbytes": "bitsandbytes",
+}
+QUANT_METHOD_FORMATS: dict[str, tuple[str, ...]] = {
+    "fp8": ("fp8",),
+    "awq": ("awq",),
+    "gptq": ("gptq",),
+    "mxfp4": ("mxfp4",),
+    "modelopt": ("fp8",),
+    "modelopt_fp4": ("nvfp4",),
+    "compressed-tensors": ("fp8", "gptq", "awq", "nvfp4"),
+    "bitsandbytes": ("bitsandbytes",),
 }
 
 

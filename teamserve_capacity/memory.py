@@ -36,12 +36,6 @@ from .model import ModelSpec
 GIB = 1024 ** 3
 MIB = 1024 ** 2
 
-# nvidia-smi memory.total vs the total torch.cuda.mem_get_info reports (what
-# vLLM multiplies by gpu_memory_utilization): H100 80GB 81559 MiB -> 79.22 GiB
-# (vLLM PR #10511 log), RTX 3090 24576 MiB -> 23.58 GiB (vLLM issue #10517 log):
-# both 0.42 GiB less.
-DRIVER_RESERVED_BYTES = 432 * MIB
-
 # Non-torch memory counted by the profiler: everything the process allocates
 # outside PyTorch's allocator after the start-up snapshot (cuBLAS/cuDNN
 # handles, lazily loaded kernel modules; the CUDA context itself predates the
@@ -153,8 +147,8 @@ class Budget:
     """One GPU's memory, bytes.
 
     Attributes:
-        total_bytes: memory the CUDA runtime reports (nvidia-smi total minus
-            the driver's reservation, or measured).
+        total_bytes: memory the CUDA runtime reports (the GPU table's figure,
+            nvidia-smi's total minus a reservation, or measured).
         requested_bytes: ``ceil(total x gpu_memory_utilization)``.
         weights_bytes, non_torch_bytes, activation_bytes, cudagraph_bytes:
             the deductions.
@@ -271,7 +265,7 @@ def profile_peak_bytes(spec: ModelSpec, *, tensor_parallel_size: int, max_num_ba
     return max(forward, sampler)
 
 
-def estimate_budget(spec: ModelSpec, *, memory_total_mib: int, gpu_memory_utilization: float,
+def estimate_budget(spec: ModelSpec, *, total_bytes: int, total_source: str, gpu_memory_utilization: float,
                     weights_bytes_total: int, weights_source: str, tensor_parallel_size: int,
                     max_num_batched_tokens: int, max_num_seqs: int,
                     measured: Measured | None = None) -> Budget:
@@ -279,10 +273,12 @@ def estimate_budget(spec: ModelSpec, *, memory_total_mib: int, gpu_memory_utiliz
 
     Args:
         spec: the model.
-        memory_total_mib: GPU memory as nvidia-smi's memory.total, MiB.
+        total_bytes: GPU memory as vLLM sees it (torch.cuda.mem_get_info's total), bytes
+            (:func:`teamserve_capacity.gpus.vllm_total`).
+        total_source: where ``total_bytes`` comes from, for the report.
         gpu_memory_utilization: vLLM's --gpu-memory-utilization, 0 < x <= 1.
         weights_bytes_total: all weights of the model, bytes (split over TP).
-        weights_source: "given" or "estimated", for the report.
+        weights_source: where the weights come from (checkpoint, given, params, estimated), for the report.
         tensor_parallel_size: GPUs per model copy.
         max_num_batched_tokens: tokens of vLLM's profiling forward pass.
         max_num_seqs: rows of the sampler's dummy run.
@@ -296,8 +292,8 @@ def estimate_budget(spec: ModelSpec, *, memory_total_mib: int, gpu_memory_utiliz
         total = m.total_memory_bytes
         sources["total"] = "measured"
     else:
-        total = memory_total_mib * MIB - DRIVER_RESERVED_BYTES
-        sources["total"] = "nvidia-smi"
+        total = total_bytes
+        sources["total"] = total_source
     requested = math.ceil(total * gpu_memory_utilization)
     act_elem = 2 if spec.dtype != "float32" else 4
 

@@ -305,10 +305,18 @@ def _max_len_limit(cfg: Mapping[str, Any], model_type: str) -> int:
     multiplied by the RoPE scaling factor unless the scaling type is one whose
     ``max_position_embeddings`` is already scaled (yarn, llama3, longrope, ...)
     or the model is Gemma 3.
+
+    Raises:
+        PlanError: none of the length keys is present (vLLM would use 2,048).
     """
-    limit = _positive_int(cfg, ("max_position_embeddings", "n_positions", "max_seq_len",
-                                "seq_length", "max_sequence_length"), default=2048)
-    assert limit is not None
+    names = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+    limit = _positive_int(cfg, names, required=False)
+    if limit is None:
+        # vLLM itself would fall back to 2,048 tokens (_get_and_verify_max_len), a silent cap.
+        raise PlanError("config.max_position_embeddings", None,
+                        "the config.json states no context length (" + ", ".join(names) + "); vLLM would "
+                        "silently cap the model at 2,048 tokens. Add max_position_embeddings with the "
+                        "context length the model card gives")
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if not isinstance(scaling, Mapping) or "gemma3" in model_type:
         return int(limit)
@@ -439,55 +447,3 @@ def parse_config(config: Mapping[str, Any]) -> ModelSpec:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         raw=cfg,
     )
-
-
-def estimate_params(spec: ModelSpec) -> int:
-    """Estimate the total parameter count from the config alone.
-
-    Used only when neither ``weight_bytes`` (safetensors index
-    ``metadata.total_size``) nor ``params`` is given. Counts embeddings, LM head
-    (unless tied), attention projections (MLA: q/kv low-rank projections) and
-    gated MLPs (3 matrices); MoE layers count all experts, because vLLM keeps
-    every expert resident. Norms and biases are ignored (< 0.1 %).
-
-    Args:
-        spec: the parsed model.
-    Returns:
-        the number of parameters (an estimate).
-    """
-    h = spec.hidden_size
-    raw = spec.raw
-    embed = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2)
-    if spec.mla_latent_dim is not None:
-        nope = int(raw.get("qk_nope_head_dim") or spec.head_dim)
-        rope = int(raw.get("qk_rope_head_dim") or 0)
-        v_dim = int(raw.get("v_head_dim") or spec.head_dim)
-        q_rank = raw.get("q_lora_rank")
-        kv_rank = int(raw.get("kv_lora_rank") or 0)
-        heads = spec.num_attention_heads
-        q = (h * q_rank + q_rank * heads * (nope + rope)) if q_rank else h * heads * (nope + rope)
-        attn = q + h * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * h
-    elif spec.linear is not None and LINEAR in spec.layer_kinds:
-        attn = 0  # counted per layer kind below
-    else:
-        attn = h * spec.num_attention_heads * spec.head_dim * 2 \
-            + h * spec.num_kv_heads * spec.head_dim * 2
-    dense_mlp = 3 * h * spec.intermediate_size
-    total = embed
-    for i, kind in enumerate(spec.layer_kinds):
-        if spec.linear is not None and kind == LINEAR:
-            la = spec.linear
-            key_dim, value_dim = la.num_k_heads * la.head_k_dim, la.num_v_heads * la.head_v_dim
-            layer_attn = h * (2 * key_dim + 2 * value_dim) + value_dim * h
-        elif spec.linear is not None:
-            layer_attn = h * spec.num_attention_heads * spec.head_dim * 3 \
-                + h * spec.num_kv_heads * spec.head_dim * 2
-        else:
-            layer_attn = attn
-        if spec.moe is not None and i >= spec.moe.first_dense_layers:
-            mlp = 3 * h * (spec.moe.num_experts * spec.moe.expert_intermediate_size
-                           + spec.moe.shared_intermediate_size) + h * spec.moe.num_experts
-        else:
-            mlp = dense_mlp
-        total += layer_attn + mlp
-    return int(total)

@@ -7,15 +7,26 @@ share every check and every number.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .advice import advise
 from .errors import PlanError
-from .hardware import QUANT_METHOD_FLAG, WEIGHT_FORMATS, fp8_kv_support, parse_compute_cap
+from .gpus import find_gpu, is_geforce, vllm_total
+from .hardware import QUANT_METHOD_FLAG, QUANT_METHOD_FORMATS, WEIGHT_FORMATS, fp8_kv_support, parse_compute_cap
 from .kv import KVLayout, cdiv, kv_layout
 from .memory import GIB, MIB, Budget, Measured, estimate_budget
-from .model import DTYPE_BYTES, ModelSpec, estimate_params, parse_config
+from .model import DTYPE_BYTES, ModelSpec, parse_config
+from .weights import (
+    ONLINE_FORMATS,
+    Quant,
+    checkpoint_total,
+    estimate_from_params,
+    estimate_weights,
+    quant_from_config,
+)
 
 # The vLLM release whose accounting this module reproduces.
 PINNED_VLLM = "0.32.0"
@@ -56,6 +67,15 @@ def user_inflight_share(max_num_seqs: int) -> int:
     return max(1, int(max_num_seqs) // USER_SHARE_DIVISOR)
 
 
+# Share of a team generating at the same moment when a workload gives a
+# headcount (vllm_workload.users) instead of concurrent sequences. A stated
+# assumption, not a measurement: people read, think and type between
+# requests, so "a team of ten produces far fewer than ten concurrent
+# generations"; measure the real figure (the gateway's in-flight requests) and
+# give concurrent_sequences once it is known.
+DEFAULT_ACTIVE_FRACTION = 0.25
+
+
 @dataclass(frozen=True)
 class Workload:
     """What the team asks of the server.
@@ -66,6 +86,9 @@ class Workload:
         max_context_tokens: the longest request allowed, tokens.
         ttft_p95_seconds: time-to-first-token target at the 95th percentile, s.
         tpot_seconds: time-per-output-token target, s.
+        users: the headcount concurrent_sequences was derived from, or None.
+        active_fraction: the share of users assumed generating at once, or None.
+        assumption: how concurrent_sequences was derived from a headcount, or "".
     """
 
     concurrent_sequences: int
@@ -73,6 +96,9 @@ class Workload:
     max_context_tokens: int
     ttft_p95_seconds: float
     tpot_seconds: float
+    users: int | None = None
+    active_fraction: float | None = None
+    assumption: str = ""
 
 
 def _req(mapping: Mapping[str, Any], key: str, where: str) -> Any:
@@ -98,6 +124,42 @@ def _pos_float(value: Any, field: str, fix: str) -> float:
     return float(value)
 
 
+def _concurrency(workload: Mapping[str, Any], w: str) -> tuple[int, int | None, float | None, str]:
+    """Concurrent sequences, given directly or from a headcount: (sequences, users, fraction, assumption).
+
+    ``concurrent_sequences`` as given; else ``users`` x ``active_fraction``
+    (default :data:`DEFAULT_ACTIVE_FRACTION`), rounded up, at least 1.
+
+    Raises:
+        PlanError: both or neither given, or a bad headcount/fraction.
+    """
+    has_seqs = workload.get("concurrent_sequences") is not None
+    has_users = workload.get("users") is not None
+    if has_seqs and has_users:
+        raise PlanError(f"{w}.users", workload["users"],
+                        "give either users (headcount) or concurrent_sequences, not both")
+    if not has_users:
+        if workload.get("active_fraction") is not None:
+            raise PlanError(f"{w}.active_fraction", workload["active_fraction"],
+                            "applies to users (a headcount); drop it or give users instead of "
+                            "concurrent_sequences")
+        seqs = _pos_int(_req(workload, "concurrent_sequences", w), f"{w}.concurrent_sequences",
+                        "give the number of sequences generating at once, a whole number >= 1 "
+                        "(or users, the headcount)")
+        return seqs, None, None, ""
+    users = _pos_int(workload["users"], f"{w}.users", "give the team's headcount, a whole number >= 1")
+    fraction = workload.get("active_fraction", DEFAULT_ACTIVE_FRACTION)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise PlanError(f"{w}.active_fraction", fraction,
+                        "give the share of users generating at the same moment, 0 < x <= 1 (e.g. 0.25)")
+    seqs = max(1, math.ceil(users * fraction - 1e-9))
+    stated = "assumed" if workload.get("active_fraction") is None else "given"
+    return seqs, users, float(fraction), (
+        f"{users} users x {fraction:g} active at once ({stated}) = {seqs} concurrent sequences; a team of ten "
+        "produces far fewer than ten concurrent generations: measure the gateway's in-flight requests and "
+        "give concurrent_sequences when known")
+
+
 def parse_workload(workload: Mapping[str, Any]) -> Workload:
     """Validate the ``vllm_workload`` dict.
 
@@ -106,8 +168,9 @@ def parse_workload(workload: Mapping[str, Any]) -> Workload:
             longer than the maximum.
     """
     w = "vllm_workload"
-    seqs = _pos_int(_req(workload, "concurrent_sequences", w), f"{w}.concurrent_sequences",
-                    "give the number of sequences generating at once, a whole number >= 1")
+    if not isinstance(workload, Mapping):
+        raise PlanError(w, workload, "must be a mapping (dict)")
+    seqs, users, fraction, assumption = _concurrency(workload, w)
     avg = _pos_int(_req(workload, "avg_context_tokens", w), f"{w}.avg_context_tokens",
                    "give the average prompt + output tokens per sequence, >= 1")
     mx = _pos_int(_req(workload, "max_context_tokens", w), f"{w}.max_context_tokens",
@@ -119,29 +182,79 @@ def parse_workload(workload: Mapping[str, Any]) -> Workload:
                       "give the p95 time-to-first-token target in seconds, > 0 (e.g. 1.0)")
     tpot = _pos_float(workload.get("tpot_seconds", 0.05), f"{w}.tpot_seconds",
                       "give the time-per-output-token target in seconds, > 0 (e.g. 0.05)")
-    return Workload(seqs, avg, mx, ttft, tpot)
+    return Workload(seqs, avg, mx, ttft, tpot, users, fraction, assumption)
 
 
-def _weights_total(model: Mapping[str, Any], spec: ModelSpec, fmt: str) -> tuple[int, str]:
-    """All weights of the model in bytes, and where the number came from.
+def _weight_format(model: Mapping[str, Any], spec: ModelSpec) -> str:
+    """The weight format the plan sizes: ``vllm_model.weight_format``, else the checkpoint's own.
 
-    ``weight_bytes`` as given (the safetensors index's metadata.total_size), else ``params`` x
-    the format's bits per weight / 8, else the parameters estimated from the config.
+    Raises:
+        PlanError: an unknown format, a checkpoint quantisation the planner
+            does not size, or a format that contradicts the checkpoint's
+            ``quantization_config`` (vLLM loads what the checkpoint holds).
+    """
+    fmt = model.get("weight_format")
+    if fmt is not None and fmt not in WEIGHT_FORMATS:
+        raise PlanError("vllm_model.weight_format", fmt, "use one of " + ", ".join(WEIGHT_FORMATS))
+    method = spec.quant_method
+    if method is None:
+        return str(fmt) if fmt is not None else ("fp16" if spec.dtype == "float16" else "bf16")
+    if method not in QUANT_METHOD_FLAG:
+        raise PlanError("vllm_model.config.quantization_config.quant_method", method,
+                        "not a quantisation the planner sizes; known: " + ", ".join(QUANT_METHOD_FLAG)
+                        + " (or give the measured weights: vllm_engine.measured.weights_bytes)")
+    allowed = QUANT_METHOD_FORMATS[method]
+    if fmt is None:
+        return allowed[0]
+    if fmt not in allowed:
+        raise PlanError("vllm_model.weight_format", fmt,
+                        f"the checkpoint is {method}-quantised (config.json quantization_config), which "
+                        f"vLLM loads as it is: use weight_format {' or '.join(allowed)}, or the 16-bit "
+                        "repository of the model")
+    return str(fmt)
+
+
+def _weights_total(model: Mapping[str, Any], spec: ModelSpec, fmt: str) -> tuple[int, str, str]:
+    """All weights of the model in bytes as vLLM loads them, and where the number came from.
+
+    In order: ``checkpoint`` (the safetensors index or files at the pinned
+    revision, from the hub's listing or the local cache), ``weight_bytes`` (the
+    index's metadata.total_size given by hand), ``params`` laid out by the
+    config, else the config alone. A 16-bit checkpoint that vLLM quantises at
+    load time (fp8, bitsandbytes) is scaled by the format's estimate over the
+    16-bit one.
 
     Returns:
-        (bytes, source): source is "given", "params x bits" or "estimated".
+        (bytes, kind, source text): kind is checkpoint, given, params or estimated.
     Raises:
-        PlanError: weight_bytes or params not a whole number >= 1.
+        PlanError: a malformed checkpoint, weight_bytes or params.
     """
-    if model.get("weight_bytes") is not None:
-        return _pos_int(model["weight_bytes"], "vllm_model.weight_bytes",
-                        "give the safetensors index metadata.total_size in bytes, > 0"), "given"
-    bits = WEIGHT_FORMATS[fmt][0]
+    quant = quant_from_config(spec, fmt)
+    est = estimate_weights(spec, quant)
+    if quant is not None:
+        split = (f"{est.quantised_params / 1e9:.2f} B params {est.method} + "
+                 f"{(est.params - est.quantised_params) / 1e9:.2f} B 16-bit")
+    else:
+        split = f"{est.params / 1e9:.2f} B params x 2 bytes"
+    online = spec.quant_method is None and fmt in ONLINE_FORMATS
+    if model.get("checkpoint") is not None or model.get("weight_bytes") is not None:
+        if model.get("checkpoint") is not None:
+            total, source, kind = (*checkpoint_total(model["checkpoint"]), "checkpoint")
+        else:
+            total = _pos_int(model["weight_bytes"], "vllm_model.weight_bytes",
+                             "give the safetensors index metadata.total_size in bytes, > 0")
+            source, kind = "given: vllm_model.weight_bytes", "given"
+        if online:
+            ratio = est.total_bytes / estimate_weights(spec, None).total_bytes
+            return (int(total * ratio), kind,
+                    f"{source} x {ratio:.3f} (vLLM quantises the 16-bit checkpoint to {fmt} when it loads it)")
+        return total, kind, source
     if model.get("params") is not None:
         params = _pos_int(model["params"], "vllm_model.params",
                           "give the parameter count as a whole number, e.g. 8030261248")
-        return int(params * bits / 8), "params x bits"
-    return int(estimate_params(spec) * bits / 8), "estimated"
+        return (estimate_from_params(spec, quant, params), "params",
+                f"params {params / 1e9:.2f} B in config.json's layout ({split})")
+    return est.total_bytes, "estimated", f"estimated from config.json: {split}"
 
 
 def _max_batched_tokens(tpot_seconds: float, seqs: int) -> int:
@@ -171,23 +284,66 @@ def _max_batched_tokens(tpot_seconds: float, seqs: int) -> int:
     return max(base, seqs, 256)
 
 
+def _engine_int(engine: Mapping[str, Any], key: str, fix: str) -> int | None:
+    """``vllm_engine[key]`` as an int >= 1, or None when not given."""
+    value = engine.get(key)
+    return None if value is None else _pos_int(value, f"vllm_engine.{key}", fix)
+
+
+def _gpus(gpus: Sequence[Mapping[str, Any]], tp: int) -> tuple[int, str, tuple[int, int], list[str], bool]:
+    """The smallest usable memory (bytes, source) and compute capability of the GPUs one model copy uses.
+
+    Returns:
+        (total bytes vLLM sees per GPU, its source, compute capability, nvidia-smi names, any GeForce).
+    Raises:
+        PlanError: no GPU rows, fewer than ``tp``, or a row without memory/compute capability.
+    """
+    if not isinstance(gpus, Sequence) or isinstance(gpus, (str, bytes)) or not gpus:
+        raise PlanError("nvidia_driver_gpus", gpus,
+                        "need at least one GPU row from nvidia-smi; is the NVIDIA driver loaded?")
+    if len(gpus) < tp:
+        raise PlanError("vllm_engine.tensor_parallel_size", tp,
+                        f"only {len(gpus)} GPU(s) reported; lower tensor_parallel_size or add GPUs")
+    totals: list[tuple[int, str]] = []
+    caps, names = [], []
+    for i, g in enumerate(list(gpus)[:tp]):
+        mib = _pos_int(_req(g, "memory_total_mib", f"nvidia_driver_gpus[{i}]"),
+                       f"nvidia_driver_gpus[{i}].memory_total_mib",
+                       "give memory.total in MiB as nvidia-smi reports it (nounits), > 0")
+        caps.append(parse_compute_cap(_req(g, "compute_cap", f"nvidia_driver_gpus[{i}]"),
+                                      f"nvidia_driver_gpus[{i}].compute_cap"))
+        name = str(g.get("name") or f"GPU ({mib:,} MiB)")
+        names.append(name)
+        total, source, _ = vllm_total(name, mib)
+        totals.append((total, source))
+    total, source = min(totals)
+    return total, source, min(caps), names, any(is_geforce(n) for n in names)
+
+
 def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
          gpus: Sequence[Mapping[str, Any]], engine: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Plan a vLLM deployment and say whether the workload fits.
 
     Args:
-        model: ``{name, served_model_name, config, weight_format, weight_bytes?, params?}``.
-        workload: ``{concurrent_sequences, avg_context_tokens, max_context_tokens,
-            ttft_p95_seconds, tpot_seconds}``.
-        gpus: nvidia-smi rows ``{index, name, memory_total_mib, compute_cap, driver_version}``.
+        model: ``{name, served_model_name, config, weight_format?, checkpoint?,
+            weight_bytes?, params?}``; weight_format defaults to the
+            checkpoint's own (its quantization_config, else its dtype);
+            ``checkpoint`` is read by :func:`teamserve_capacity.weights.checkpoint_total`.
+        workload: ``{concurrent_sequences | users [+ active_fraction],
+            avg_context_tokens, max_context_tokens, ttft_p95_seconds, tpot_seconds}``.
+        gpus: nvidia-smi rows ``{index, name, memory_total_mib, compute_cap, driver_version}``;
+            a name in :data:`teamserve_capacity.gpus.GPU_TABLE` gets the memory vLLM sees on it.
         engine: ``{gpu_memory_utilization, kv_cache_dtype, tensor_parallel_size,
-            block_size, vllm_version, measured?}``; ``measured`` holds numbers
-            from a start-up log (see :func:`teamserve_capacity.logs.parse_startup_log`).
+            block_size, vllm_version, max_num_seqs?, max_num_batched_tokens?,
+            users_trust_each_other?, measured?}``; ``measured`` holds per-GPU
+            bytes from a start-up log (:func:`teamserve_capacity.logs.measured_from_log`),
+            e.g. ``weights_bytes`` from "Model loading took X GiB".
     Returns:
-        ``{fits, verdict, levers, table, numbers, flags, layers, admission}`` (see
-        docs/contracts.md); every byte count is per GPU. ``admission`` is
-        ``{user_max_inflight}``: the default per-user in-flight share, in
-        requests (:func:`user_inflight_share`).
+        ``{fits, verdict, levers, advice, table, numbers, flags, layers, admission}``
+        (docs/contracts.md); every byte count is per GPU. ``advice`` is a list
+        of ``{id, advice, reason}`` (:mod:`teamserve_capacity.advice`);
+        ``admission`` is ``{user_max_inflight}``, the default per-user
+        in-flight share in requests (:func:`user_inflight_share`).
     Raises:
         PlanError: any bad or unsupported input, before any number is produced.
     """
@@ -195,10 +351,7 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     w = parse_workload(workload)
     name = str(_req(model, "name", "vllm_model"))
     spec = parse_config(_req(model, "config", "vllm_model"))
-    fmt = _req(model, "weight_format", "vllm_model")
-    if fmt not in WEIGHT_FORMATS:
-        raise PlanError("vllm_model.weight_format", fmt,
-                        "use one of " + ", ".join(WEIGHT_FORMATS))
+    fmt = _weight_format(model, spec)
 
     version = str(engine.get("vllm_version", PINNED_VLLM))
     if version.split(".")[:2] != PINNED_VLLM.split(".")[:2]:
@@ -218,25 +371,17 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     if kv_dtype not in KV_CACHE_DTYPES:
         raise PlanError("vllm_engine.kv_cache_dtype", kv_dtype,
                         "use one of " + ", ".join(KV_CACHE_DTYPES) + " (other vLLM cache dtypes are not modelled)")
+    seqs_given = _engine_int(engine, "max_num_seqs", "give --max-num-seqs as a whole number >= 1, or leave "
+                             "it to the plan (from vllm_workload.concurrent_sequences)")
+    batched_given = _engine_int(engine, "max_num_batched_tokens", "give --max-num-batched-tokens as a whole "
+                                "number >= 1, or leave it to the plan")
+    trust = engine.get("users_trust_each_other", True)
+    if not isinstance(trust, bool):
+        raise PlanError("vllm_engine.users_trust_each_other", trust,
+                        "use true or false (vllm_users_trust_each_other)")
 
-    if not isinstance(gpus, Sequence) or isinstance(gpus, (str, bytes)) or not gpus:
-        raise PlanError("nvidia_driver_gpus", gpus,
-                        "need at least one GPU row from nvidia-smi; is the NVIDIA driver loaded?")
-    if len(gpus) < tp:
-        raise PlanError("vllm_engine.tensor_parallel_size", tp,
-                        f"only {len(gpus)} GPU(s) reported; lower tensor_parallel_size or add GPUs")
-    used = list(gpus)[:tp]
-    mibs, caps = [], []
-    for i, g in enumerate(used):
-        mibs.append(_pos_int(_req(g, "memory_total_mib", f"nvidia_driver_gpus[{i}]"),
-                             f"nvidia_driver_gpus[{i}].memory_total_mib",
-                             "give memory.total in MiB as nvidia-smi reports it (nounits), > 0"))
-        caps.append(parse_compute_cap(_req(g, "compute_cap", f"nvidia_driver_gpus[{i}]"),
-                                      f"nvidia_driver_gpus[{i}].compute_cap"))
-    total_mib, cap = min(mibs), min(caps)
-    gpu_name = str(used[0].get("name", "GPU"))
-
-    bits, min_cap, native_cap, online_flag = WEIGHT_FORMATS[fmt]
+    total_bytes, total_source, cap, gpu_names, geforce = _gpus(gpus, tp)
+    min_cap, native_cap, online_flag = WEIGHT_FORMATS[fmt]
     cap_text = f"{cap[0]}.{cap[1]}"
     if cap < min_cap:
         raise PlanError("vllm_model.weight_format", fmt,
@@ -248,9 +393,6 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
                         f"fp8 KV cache needs compute capability >= 8.0 with vLLM {PINNED_VLLM}; "
                         f"this GPU is {cap_text}; use auto")
     if spec.quant_method:
-        if spec.quant_method not in QUANT_METHOD_FLAG:
-            raise PlanError("vllm_model.config.quantization_config.quant_method", spec.quant_method,
-                            "not a quantisation the planner sizes; known: " + ", ".join(QUANT_METHOD_FLAG))
         # vLLM reads quantization_config itself and picks the fastest kernel
         # (e.g. awq_marlin); forcing --quantization awq would select the slow one.
         quantization = None
@@ -261,8 +403,8 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     else:
         raise PlanError("vllm_model.weight_format", fmt,
                         f"{fmt} needs a pre-quantised checkpoint whose config.json has a "
-                        "quantization_config; this config has none — pick the quantised repo "
-                        "or use bf16/fp8")
+                        "quantization_config; this config has none — pick the quantised repo, "
+                        "or use bf16, fp8 or bitsandbytes (vLLM quantises those at load time)")
 
     # vLLM's dtype "auto" serves float32 checkpoints in 16-bit ("Downcasting
     # torch.float32 to torch.bfloat16"), so KV and activations are 2 bytes.
@@ -274,14 +416,22 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
 
     max_model_len = min(w.max_context_tokens, spec.max_model_len_limit)
     seqs_wanted = w.concurrent_sequences
-    batched = _max_batched_tokens(w.tpot_seconds, seqs_wanted)
+    seqs_cap_guess = seqs_given or min(MAX_NUM_SEQS, max(SEQS_ROUNDING,
+                                                         cdiv(seqs_wanted, SEQS_ROUNDING) * SEQS_ROUNDING))
+    batched = batched_given or _max_batched_tokens(w.tpot_seconds, seqs_wanted)
+    if batched_given is not None and batched_given < seqs_cap_guess:
+        raise PlanError("vllm_engine.max_num_batched_tokens", batched_given,
+                        f"vLLM needs at least --max-num-seqs ({seqs_cap_guess}) tokens per step; raise it "
+                        "or lower max_num_seqs")
     in_flight = 2 * batched  # async scheduling: two batches in flight
-    weights_total, weights_source = _weights_total(model, spec, fmt)
+    weights_total, weights_kind, weights_source = _weights_total(model, spec, fmt)
     measured = Measured(**{k: v for k, v in dict(engine.get("measured") or {}).items()
                            if k in Measured.__dataclass_fields__})
-    seqs_cap_guess = min(MAX_NUM_SEQS, max(SEQS_ROUNDING, cdiv(seqs_wanted, SEQS_ROUNDING) * SEQS_ROUNDING))
-    budget = estimate_budget(spec, memory_total_mib=total_mib, gpu_memory_utilization=float(util),
-                             weights_bytes_total=weights_total, weights_source=weights_source,
+    if measured.weights_bytes is not None:
+        weights_source = "measured: the engine's start-up log (per GPU)"
+    budget = estimate_budget(spec, total_bytes=total_bytes, total_source=total_source,
+                             gpu_memory_utilization=float(util),
+                             weights_bytes_total=weights_total, weights_source=weights_kind,
                              tensor_parallel_size=tp, max_num_batched_tokens=batched,
                              max_num_seqs=seqs_cap_guess, measured=measured)
 
@@ -291,9 +441,13 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     conc_avg = num_blocks // per_req_avg
     conc_max = num_blocks // per_req_max
     kv_tokens = layout.logged_kv_tokens(num_blocks, max_model_len, in_flight) if num_blocks else 0
-    fits = conc_avg >= seqs_wanted and conc_max >= 1
+    seqs_short = seqs_given is not None and seqs_given < seqs_wanted  # a fixed --max-num-seqs too low
+    fits = conc_avg >= seqs_wanted and conc_max >= 1 and not seqs_short
 
-    max_num_seqs = max(1, min(seqs_cap_guess, conc_avg)) if conc_avg else seqs_cap_guess
+    if seqs_given is not None:
+        max_num_seqs = seqs_given
+    else:
+        max_num_seqs = max(1, min(seqs_cap_guess, conc_avg)) if conc_avg else seqs_cap_guess
     flags: dict[str, Any] = {
         "max-model-len": max_model_len,
         "max-num-seqs": max_num_seqs,
@@ -309,6 +463,7 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     if block != 16:
         flags["block-size"] = block
 
+    gpu_model = find_gpu(gpu_names[0])
     numbers: dict[str, Any] = {
         "model": name,
         "served_model_name": str(model.get("served_model_name", name)),
@@ -316,13 +471,15 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
         "weight_format": fmt,
         "checkpoint_quantization": spec.quant_method,
         "attention": spec.attention_type,
-        "gpu": gpu_name,
+        "gpu": gpu_names[0],
         "gpu_count": tp,
+        "gpu_class": gpu_model.gpu_class if gpu_model else ("geforce" if geforce else "unknown"),
         "compute_cap": cap_text,
         "fp8_kv_cache": kv_support,
         "gpu_total_gib": round(budget.total_bytes / GIB, 2),
         "requested_gib": round(budget.requested_bytes / GIB, 2),
         "weights_gib": round(budget.weights_bytes / GIB, 2),
+        "weights_source": weights_source,
         "non_torch_gib": round(budget.non_torch_bytes / GIB, 2),
         "activation_peak_gib": round(budget.activation_bytes / GIB, 2),
         "cudagraph_gib": round(budget.cudagraph_bytes / GIB, 2),
@@ -342,6 +499,9 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
         "max_concurrency_avg": conc_avg,
         "max_concurrency_max": conc_max,
         "concurrent_sequences": seqs_wanted,
+        "users": w.users,
+        "active_fraction": w.active_fraction,
+        "concurrency_assumption": w.assumption,
         "avg_context_tokens": w.avg_context_tokens,
         "max_model_len": max_model_len,
         "model_max_len": spec.max_model_len_limit,
@@ -352,18 +512,25 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
         for k in layout.kinds
     ]
     levers = [] if fits else _levers(spec, w, layout, budget, fmt, kv_bytes, kv_support, tp,
-                                     num_blocks, in_flight, max_model_len)
-    verdict = _verdict(fits, w, conc_avg, conc_max, max_model_len, budget)
+                                     num_blocks, in_flight, max_model_len, seqs_short)
+    verdict = _verdict(fits, w, conc_avg, conc_max, max_model_len, budget, seqs_given if seqs_short else None)
+    advice = advise(concurrent_sequences=seqs_wanted, gpu_names=gpu_names, geforce=geforce,
+                    users_trust_each_other=trust, full_length_fit=conc_max, max_model_len=max_model_len,
+                    fits=fits)
     from .report import format_table
     admission = {"user_max_inflight": user_inflight_share(flags["max-num-seqs"])}
-    result = {"fits": fits, "verdict": verdict, "levers": levers, "numbers": numbers,
+    result = {"fits": fits, "verdict": verdict, "levers": levers, "advice": advice, "numbers": numbers,
               "flags": flags, "layers": layers, "admission": admission}
     result["table"] = format_table(result)
     return result
 
 
-def _verdict(fits: bool, w: Workload, conc_avg: int, conc_max: int, max_len: int, budget: Budget) -> str:
-    """One sentence: fits or not, with the sequences that fit at the average and maximum context."""
+def _verdict(fits: bool, w: Workload, conc_avg: int, conc_max: int, max_len: int, budget: Budget,
+             short_max_num_seqs: int | None) -> str:
+    """One sentence: fits or not, with the sequences that fit at the average and maximum context.
+
+    ``short_max_num_seqs``: a given --max-num-seqs below the concurrency asked for, else None.
+    """
     if budget.kv_budget_bytes <= 0:
         taken = (budget.requested_bytes - budget.kv_budget_bytes) / GIB
         return (f"does not fit: the weights and overheads take {taken:.1f} "
@@ -373,25 +540,32 @@ def _verdict(fits: bool, w: Workload, conc_avg: int, conc_max: int, max_len: int
                 f"(need {w.concurrent_sequences}), {conc_max} at the {max_len:,}-token maximum")
     if conc_max < 1:
         return f"does not fit: not even one {max_len:,}-token request fits in the KV cache"
+    if short_max_num_seqs is not None:
+        return (f"does not fit: --max-num-seqs {short_max_num_seqs} runs fewer than the "
+                f"{w.concurrent_sequences} concurrent sequences asked for")
     return (f"does not fit: {conc_avg} sequences at {w.avg_context_tokens:,} tokens, "
             f"{w.concurrent_sequences} requested")
 
 
 def _levers(spec: ModelSpec, w: Workload, layout: KVLayout, budget: Budget, fmt: str, kv_bytes: int,
-            kv_support: str, tp: int, num_blocks: int, in_flight: int, max_len: int) -> list[str]:
+            kv_support: str, tp: int, num_blocks: int, in_flight: int, max_len: int,
+            seqs_short: bool) -> list[str]:
     """What would make a plan that does not fit fit, one sentence each with its number.
 
     Args:
         spec, w, layout, budget: the model, the workload, its KV layout and the memory budget.
         fmt: the weight format; kv_bytes: bytes per KV element; kv_support: fp8 KV support of the GPU.
         tp: tensor-parallel size; num_blocks: KV blocks in the pool; in_flight: tokens in flight.
-        max_len: --max-model-len, tokens.
+        max_len: --max-model-len, tokens; seqs_short: a given --max-num-seqs is below the concurrency.
     Returns:
-        levers, most effective first: a shorter average context (tokens), fewer sequences, a lower
-        --max-model-len, fp8 KV (bytes per token), 4-bit weights (GiB freed; 4.25 bits per weight
-        with scales, the MXFP4 rate in hardware.WEIGHT_FORMATS), a second GPU.
+        levers, most effective first: a max-num-seqs that runs the workload, a shorter average
+        context (tokens), fewer sequences, a lower --max-model-len, fp8 KV (bytes per token), 4-bit
+        weights (GiB freed: the AWQ layout of teamserve_capacity.weights, 16-bit embeddings and
+        lm_head kept), a second GPU.
     """
     out: list[str] = []
+    if seqs_short:
+        out.append(f"raise vllm_engine.max_num_seqs to {w.concurrent_sequences} (or leave it to the plan)")
     if num_blocks:
         # Longest average context that serves the requested sequences.
         lo, hi = 1, w.avg_context_tokens
@@ -421,8 +595,10 @@ def _levers(spec: ModelSpec, w: Workload, layout: KVLayout, budget: Budget, fmt:
         note = "" if kv_support == "native" else " (emulated on this GPU: slower)"
         out.append(f"fp8 KV cache (--kv-cache-dtype fp8) halves KV bytes per token to "
                    f"{layout.kv_bytes_per_token // kv_bytes:,}{note}")
-    if WEIGHT_FORMATS[fmt][0] > 5:
-        freed = budget.weights_bytes - budget.weights_bytes * 4.25 / WEIGHT_FORMATS[fmt][0]
+    if fmt in ("bf16", "fp16", "fp8"):
+        current = estimate_weights(spec, quant_from_config(spec, fmt)).total_bytes
+        four_bit = estimate_weights(spec, Quant("awq")).total_bytes
+        freed = budget.weights_bytes * (1 - four_bit / current)
         out.append(f"4-bit weights (AWQ/GPTQ/NVFP4/MXFP4 checkpoint) free about {freed / GIB:.1f} GiB per GPU")
     out.append(f"a second GPU (--tensor-parallel-size {tp * 2}) halves the weights per GPU "
                f"and, for GQA models, the KV bytes per token")

@@ -24,18 +24,23 @@ def format_table(result: Mapping[str, Any]) -> str:
         result: the dict :func:`teamserve_capacity.planner.plan` returns
             (without ``table``).
     Returns:
-        a multi-line string, one quantity per line: name, arithmetic, result.
+        a multi-line string, one quantity per line: name, arithmetic, result;
+        then the verdict, the levers, the advice (each with its reason) and
+        the ``vllm serve`` command.
     """
     n = result["numbers"]
     f = result["flags"]
     rows: list[tuple[str, str, str]] = []
+    src = n["sources"]
     rows.append(("model", f"{n['model']} ({n['architecture']}, {n['attention']})", ""))
-    rows.append(("gpu", f"{n['gpu_count']} x {n['gpu']}, cc {n['compute_cap']}",
+    rows.append(("gpu", f"{n['gpu_count']} x {n['gpu']}, cc {n['compute_cap']}, {n['gpu_class']}",
                  f"{n['gpu_total_gib']:.2f} GiB"))
+    rows.append(("  memory seen", src.get("total", ""), ""))
     rows.append(("vLLM may use", f"{n['gpu_total_gib']:.2f} GiB x {f['gpu-memory-utilization']:.2f}",
                  f"{n['requested_gib']:.2f} GiB"))
-    src = n["sources"]
-    rows.append((f"weights, {n['weight_format']}", src.get("weights", ""), f"{n['weights_gib']:.2f} GiB"))
+    per_gpu = f" / {n['gpu_count']} GPUs" if n["gpu_count"] > 1 and src.get("weights") != "measured" else ""
+    rows.append((f"weights, {n['weight_format']}", n.get("weights_source", src.get("weights", "")) + per_gpu,
+                 f"{n['weights_gib']:.2f} GiB"))
     rows.append(("non-torch", src.get("non_torch", ""), f"{n['non_torch_gib']:.2f} GiB"))
     rows.append(("activation peak", f"max(forward of {f['max-num-batched-tokens']:,} tokens, sampler), "
                  + src.get("activation", ""), f"{n['activation_peak_gib']:.2f} GiB"))
@@ -57,6 +62,10 @@ def format_table(result: Mapping[str, Any]) -> str:
                  f"({n['block_size']} tokens)", f"{n['blocks']:,}"))
     rows.append(("KV tokens", f"vLLM's \"KV cache size\" at --max-model-len {n['max_model_len']:,}",
                  f"{n['kv_tokens']:,}"))
+    if n.get("users"):
+        rows.append(("concurrent", f"{n['users']} users x {n['active_fraction']:g} active at once, rounded up",
+                     f"{n['concurrent_sequences']} sequences"))
+        rows.append(("  assumption", n["concurrency_assumption"].split("; ", 1)[-1], ""))
     rows.append(("avg_context", "tokens", f"{n['avg_context_tokens']:,}"))
     rows.append(("kv_per_seq", f"{n['blocks_per_seq_avg']:,} blocks", f"{n['kv_per_seq_avg_mib']:,.1f} MiB"))
     rows.append(("max_concurrent", f"{n['blocks']:,} // {n['blocks_per_seq_avg']:,}",
@@ -67,6 +76,9 @@ def format_table(result: Mapping[str, Any]) -> str:
     rows.append(("verdict", result["verdict"], ""))
     for lever in result.get("levers", []):
         rows.append(("  lever", lever, ""))
+    for item in result.get("advice", []):
+        rows.append(("advice", item["advice"], ""))
+        rows.append(("  because", item["reason"], ""))
     width0 = max(len(r[0]) for r in rows)
     width1 = max(len(r[1]) for r in rows if r[2])
     lines = []

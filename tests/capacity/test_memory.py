@@ -63,7 +63,7 @@ def test_compiled_forward_is_smaller_than_eager() -> None:
 def test_more_planned_sequences_never_leave_more_kv_budget() -> None:
     """The sampler's dummy run grows with --max-num-seqs, so the budget shrinks (or stays)."""
     spec = _spec("Qwen--Qwen3-32B")
-    budgets = [estimate_budget(spec, memory_total_mib=97_887, gpu_memory_utilization=0.9,
+    budgets = [estimate_budget(spec, total_bytes=95 * GIB, total_source="given", gpu_memory_utilization=0.9,
                                weights_bytes_total=30 * GIB, weights_source="given", tensor_parallel_size=1,
                                max_num_batched_tokens=8192, max_num_seqs=seqs).kv_budget_bytes
                for seqs in (8, 64, 256, 1024)]

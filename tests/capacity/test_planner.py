@@ -58,7 +58,7 @@ def test_max_model_len_never_exceeds_model_or_workload(tiny_model, workload) -> 
 
 @pytest.mark.parametrize("name", ALL_CONFIGS)
 def test_every_fixture_config_plans(name: str) -> None:
-    model = {"name": name, "config": load_config(name), "weight_format": "bf16", "params": 1_000_000_000}
+    model = {"name": name, "config": load_config(name), "weight_bytes": 2 * 1024 ** 3}
     wl = {"concurrent_sequences": 4, "avg_context_tokens": 2000, "max_context_tokens": 8192}
     result = plan(model, wl, [RTX_PRO_6000], ENGINE)
     assert result["numbers"]["kv_bytes_per_token"] > 0
@@ -70,8 +70,7 @@ def test_every_fixture_config_plans(name: str) -> None:
 def test_mla_stores_one_latent_per_layer() -> None:
     spec = parse_config(load_config("deepseek-ai--DeepSeek-V3"))
     assert spec.attention_type == "MLA"
-    model = {"name": "dsv3", "config": load_config("deepseek-ai--DeepSeek-V3"), "weight_format": "bf16",
-             "params": 1_000_000_000}
+    model = {"name": "dsv3", "config": load_config("deepseek-ai--DeepSeek-V3"), "weight_bytes": 2 * 1024 ** 3}
     wl = {"concurrent_sequences": 1, "avg_context_tokens": 1000, "max_context_tokens": 4096}
     for tp in (1, 2):
         gpus = [RTX_PRO_6000, dict(RTX_PRO_6000, index=1)]
@@ -135,7 +134,7 @@ def test_llama4_chunked_local_every_fourth_global() -> None:
 
 def test_qwen3_next_linear_state_grows_attention_block() -> None:
     model = {"name": "q", "config": load_config("Qwen--Qwen3-Next-80B-A3B-Instruct"),
-             "weight_format": "bf16", "params": 1_000_000_000}
+             "weight_format": "bf16", "weight_bytes": 2 * 1024 ** 3}
     wl = {"concurrent_sequences": 4, "avg_context_tokens": 2000, "max_context_tokens": 8192}
     result = plan(model, wl, [RTX_PRO_6000], ENGINE)
     # GDN state per layer: (8192 x 3 + 32 x 128 x 128) x 2 bytes = 1,097,728 B; attention

@@ -21,7 +21,7 @@ weights = st.integers(min_value=1, max_value=60) .map(lambda g: g * 1024 ** 3)
 
 
 def _plan(name: str, memory_mib: int, avg: int, mx: int, kv: str = "auto", w: int = 10 * 1024 ** 3):
-    model = {"name": name, "config": CONFIGS[name], "weight_format": "bf16", "weight_bytes": w}
+    model = {"name": name, "config": CONFIGS[name], "weight_bytes": w}  # the checkpoint's own format
     workload = {"concurrent_sequences": 4, "avg_context_tokens": avg, "max_context_tokens": mx}
     gpu = dict(RTX_PRO_6000, memory_total_mib=memory_mib)
     return plan(model, workload, [gpu], dict(ENGINE, kv_cache_dtype=kv))["numbers"]

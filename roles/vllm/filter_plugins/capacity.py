@@ -1,10 +1,13 @@
 """Ansible filter ``teamserve_capacity_plan``: the capacity planner for the vllm role.
 
-    {{ vllm_model | teamserve_capacity_plan(vllm_workload, nvidia_driver_gpus, vllm_engine) }}
+    {{ vllm_model | teamserve_capacity_plan(vllm_workload, vllm_gpus, vllm_engine) }}
 
-Returns the planner's dict (fits, verdict, levers, table, numbers, flags,
-layers); bad input becomes an AnsibleFilterError carrying the planner's
-message, which names the field, the value and the fix.
+Returns the planner's dict (fits, verdict, levers, advice, table, numbers,
+flags, layers, admission); ``vllm_model.checkpoint`` may carry the weights'
+size the ``vllm_hf_snapshot`` module reports (its ``checkpoint``), and
+``vllm_engine.users_trust_each_other`` the role's ``vllm_users_trust_each_other``.
+Bad input becomes an AnsibleFilterError carrying the planner's message, which
+names the field, the value and the fix.
 """
 
 from __future__ import annotations

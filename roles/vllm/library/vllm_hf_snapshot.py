@@ -14,6 +14,10 @@ description:
     C(snapshots/<revision>/). Files matching O(exclude) are not expected (the same C(fnmatchcase) rules as
     C(huggingface_hub.utils.filter_repo_objects); a pattern ending in C(/) matches everything below it).
   - Without the tree listing the snapshot counts as incomplete (a download then writes it).
+  - Also reports the checkpoint's weight bytes for the capacity planner (C(vllm_model.checkpoint)): the
+    snapshot's C(model.safetensors.index.json) C(metadata.total_size) once it is downloaded (the local
+    cache), else the C(*.safetensors) sizes the tree listing records (the hub's metadata, written before
+    any file is fetched).
   - Changes nothing; supports check mode.
 options:
   cache_dir:
@@ -54,6 +58,12 @@ missing:
   type: list
   elements: str
   returned: always
+checkpoint:
+  description:
+    - The weights' size for C(vllm_model.checkpoint), C({total_size, source, origin, revision}) in bytes;
+      empty when neither the index nor the tree listing gives it.
+  type: dict
+  returned: always
 """
 
 import json
@@ -85,7 +95,7 @@ def snapshot_status(cache_dir: str, repo_id: str, revision: str, exclude: list[s
     storage = os.path.join(cache_dir, "models--" + repo_id.replace("/", "--"))
     snapshot = os.path.join(storage, "snapshots", revision)
     tree_file = os.path.join(storage, "trees", revision + ".json")
-    result = {"complete": False, "snapshot": snapshot, "expected": 0, "missing": []}
+    result = {"complete": False, "snapshot": snapshot, "expected": 0, "missing": [], "checkpoint": {}}
     try:
         with open(tree_file, encoding="utf-8") as handle:
             tree = json.load(handle)
@@ -94,12 +104,38 @@ def snapshot_status(cache_dir: str, repo_id: str, revision: str, exclude: list[s
         files = None
     if not isinstance(files, dict) or not files:
         result["missing"] = [os.path.relpath(tree_file, storage)]
+        result["checkpoint"] = checkpoint_size(snapshot, {}, revision)
         return result
     patterns = [p + "*" if p.endswith("/") else p for p in (exclude or [])]
     expected = [path for path in files if not any(fnmatchcase(path, p) for p in patterns)]
     missing = [path for path in expected if not os.path.isfile(os.path.join(snapshot, *path.split("/")))]
-    result.update(expected=len(expected), missing=missing[:10], complete=not missing)
+    result.update(expected=len(expected), missing=missing[:10], complete=not missing,
+                  checkpoint=checkpoint_size(snapshot, files, revision))
     return result
+
+
+def checkpoint_size(snapshot: str, files: dict, revision: str) -> dict:
+    """The weights' bytes for the capacity planner's ``vllm_model.checkpoint``, or {} when unknown.
+
+    Inputs: ``snapshot`` (the snapshot directory), ``files`` (the tree listing's ``{path: {"size": bytes}}``),
+    ``revision``. Output: ``{"total_size": bytes, "source", "origin", "revision"}`` from the snapshot's
+    ``model.safetensors.index.json`` ``metadata.total_size`` (origin "local HF cache"), else the sum of the
+    listing's ``*.safetensors`` sizes outside ``original/`` (origin "hub tree listing").
+    """
+    try:
+        with open(os.path.join(snapshot, "model.safetensors.index.json"), encoding="utf-8") as handle:
+            total = json.load(handle)["metadata"]["total_size"]
+        if isinstance(total, int) and total > 0:
+            return {"total_size": total, "source": "safetensors index metadata.total_size",
+                    "origin": "local HF cache", "revision": revision}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    sizes = [(info or {}).get("size") for path, info in files.items()
+             if path.endswith(".safetensors") and not path.startswith("original/") and isinstance(info, dict)]
+    if sizes and all(isinstance(size, int) and size > 0 for size in sizes):
+        return {"total_size": sum(sizes), "source": f"{len(sizes)} safetensors files",
+                "origin": "hub tree listing", "revision": revision}
+    return {}
 
 
 def main() -> None:
