@@ -81,3 +81,39 @@ def kv_cache_size(text: str) -> dict[str, Any] | None:
     if not match:
         return None
     return {"device": match.group(1), "tokens": int(match.group(2).replace(",", ""))}
+
+
+# Why an engine failed, as vLLM says it: argparse's "vllm serve: error: ..." (a bad flag or value) or the
+# last Python exception line ("ValueError: ...", pydantic's "ValidationError: 1 validation error for
+# ModelConfig" followed by indented details). vllm/v1/engine/core_client.py ends a failed start with
+# "RuntimeError: Engine core initialization failed. See root cause above." - a pointer, not the reason.
+_ARGPARSE_ERROR = re.compile(r"(?:^|\s)(vllm(?: serve)?: error: .+)$")
+_EXCEPTION = re.compile(r"(?:^|\s)((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception): .+)$")
+_POINTERS = ("See root cause above", "Engine core initialization failed")
+# Docker's timestamp and vLLM's logger prefix, e.g. "(APIServer pid=1) ERROR 12-03 01:02:03 [core.py:42] ".
+_PREFIX = re.compile(r"^(?:\d{4}-\d\d-\d\dT\S+Z )?(?:\(\w+ pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] )?")
+
+
+def engine_failure(lines: list[str], limit: int = 400) -> str | None:
+    """The reason a vLLM engine gave for failing, from the end of its log.
+
+    Input: the log ``lines`` (oldest first, with or without Docker's timestamps) and ``limit`` (characters).
+    Output: vLLM's own error line - the last argparse error, else the last exception line that is not
+    the "see root cause above" pointer - with up to three indented detail lines that follow it (pydantic's
+    validation details), joined by spaces and cut to ``limit`` characters; None when the log has none.
+    Raises nothing.
+    """
+    texts = [_PREFIX.sub("", line.rstrip()) for line in lines]
+    for pattern in (_ARGPARSE_ERROR, _EXCEPTION):
+        for index in range(len(texts) - 1, -1, -1):
+            match = pattern.search(texts[index])
+            if not match or any(pointer in match.group(1) for pointer in _POINTERS):
+                continue
+            parts = [match.group(1).strip()]
+            for detail in texts[index + 1 : index + 4]:
+                if not detail[:1].isspace() or not detail.strip():
+                    break
+                parts.append(detail.strip())
+            reason = " ".join(parts)
+            return reason if len(reason) <= limit else reason[: limit - 1] + "…"
+    return None

@@ -10,8 +10,8 @@ report="$TESTBED_CACHE/report.txt"
   { tail -30 "$TESTBED_CACHE/report.log"; log "reading the report from the box failed (log: $TESTBED_CACHE/report.log)"; exit 1; }
 echo
 cat "$report"
-key=$(.venv/bin/ansible-vault view inventories/testbed/group_vars/teamserve/vault.yml |
-      .venv/bin/python -c 'import sys,yaml; print(yaml.safe_load(sys.stdin)["vault_caddy_user_keys"]["alice"])')
+key=$(.venv/bin/ansible-vault view inventories/testbed/group_vars/teamserve/caddy_keys.vault.yml |
+      .venv/bin/python -c 'import sys,yaml; print(yaml.safe_load(sys.stdin)["caddy_user_keys"]["alice"])')
 # The URL the caddy role published, as the report printed it.
 url=$(sed -n 's|^Gateway URL: \([^ ]*\)/v1 .*|\1|p' "$report")
 ca="$TESTBED_CACHE/caddy-root.crt"   # the box's Caddy root certificate, fetched by the caddy role

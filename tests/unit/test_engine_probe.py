@@ -87,3 +87,58 @@ def test_lock_files_hold_exactly_the_lock_keys():
         assert sorted(lock) == sorted(keys), inventory
     gpu_keys = yaml.safe_load((ROOT / "playbooks/vars/lock.yml").read_text())["teamserve_lock_gpu_host_keys"]
     assert set(gpu_keys) <= set(keys)
+
+
+# --- why an engine failed, from its log ---------------------------------------------------------------------
+log = load("teamserve_vllm_log", "module_utils/teamserve_vllm_log.py")
+
+ARGPARSE_LOG = """\
+2026-12-03T09:10:01.100000000Z usage: vllm serve [model_tag] [options]
+2026-12-03T09:10:01.100000000Z vllm serve: error: argument --max-logprobs: invalid int value: 'many'
+"""
+
+# An engine-core failure: the reason is in the engine process's traceback; the API server's last line only
+# points at it (vllm/v1/engine/utils.py, "Engine core initialization failed. See root cause above.").
+ENGINE_CORE_LOG = """\
+(EngineCore_DP0 pid=80) ERROR 12-03 09:10:30 [core.py:708] EngineCore failed to start.
+(EngineCore_DP0 pid=80) ERROR 12-03 09:10:30 [core.py:708] Traceback (most recent call last):
+(EngineCore_DP0 pid=80) ERROR 12-03 09:10:30 [core.py:708]   File "/usr/lib/python3/vllm/v1/engine/core.py", line 699, in run_engine_core
+(EngineCore_DP0 pid=80) ERROR 12-03 09:10:30 [core.py:708] ValueError: Free memory on device (10.2/79.1 GiB) \
+on startup is less than desired GPU memory utilization (0.9, 71.2 GiB).
+(APIServer pid=1) Traceback (most recent call last):
+(APIServer pid=1)   File "/usr/local/bin/vllm", line 10, in <module>
+(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+PYDANTIC_LOG = """\
+(APIServer pid=1) Traceback (most recent call last):
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/engine/arg_utils.py", line 1200, in create_model_config
+(APIServer pid=1) pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig
+(APIServer pid=1)   Value error, User-specified max_model_len (99999) is greater than the derived max_model_len (2048). [type=value_error]
+(APIServer pid=1)     For further information visit https://errors.pydantic.dev/2.11/v/value_error
+(APIServer pid=1) INFO 12-03 09:11:00 [launcher.py:80] Shutting down FastAPI HTTP server.
+"""
+
+
+def test_engine_failure_is_argparse_error_first():
+    assert log.engine_failure(ARGPARSE_LOG.splitlines()) == (
+        "vllm serve: error: argument --max-logprobs: invalid int value: 'many'")
+
+
+def test_engine_failure_skips_the_pointer_to_the_root_cause():
+    assert log.engine_failure(ENGINE_CORE_LOG.splitlines()) == (
+        "ValueError: Free memory on device (10.2/79.1 GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 71.2 GiB).")
+
+
+def test_engine_failure_keeps_pydantic_details():
+    reason = log.engine_failure(PYDANTIC_LOG.splitlines())
+    assert reason.startswith("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig "
+                             "Value error, User-specified max_model_len (99999) is greater than")
+    assert "Shutting down" not in reason
+
+
+def test_engine_failure_is_none_without_an_error_and_cut_to_the_limit():
+    assert log.engine_failure(["INFO 12-03 09:10:00 [api_server.py:1] vLLM API server version 0.32.0"]) is None
+    long = log.engine_failure([f"ValueError: {'x' * 1000}"], limit=100)
+    assert len(long) == 100 and long.endswith("…")

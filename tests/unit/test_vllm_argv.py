@@ -56,8 +56,45 @@ def test_value_outside_choices_is_refused(snapshot):
 def test_extra_args_are_checked_too(snapshot):
     argv = vllm_argv.vllm_serve_argv({}, "m", snapshot, ["--enforce-eager", "--seed=3"])
     assert argv == ["m", "--enforce-eager", "--seed=3"]
-    with pytest.raises(AnsibleFilterError, match="vllm_extra_args: '--enforce-eagr'"):
+    with pytest.raises(AnsibleFilterError, match=r"vllm_extra_args\[0\]: '--enforce-eagr'"):
         vllm_argv.vllm_serve_argv({}, "m", snapshot, ["--enforce-eagr"])
+
+
+# What a plan and the role put in argv before the extra args (quantization omitted, as for bf16 weights).
+PLANNED = {"max-num-seqs": 8, "max-model-len": 2048, "tensor-parallel-size": 1, "quantization": None,
+           "enable-prefix-caching": True, "served-model-name": "tiny", "port": 8000}
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    (["serve", "--enforce-eager"], r"\[0\]: 'serve' is not a flag: the role runs `vllm serve <model>` itself"),
+    (["vllm", "serve"], r"\[0\]: 'vllm' is not a flag: the role runs `vllm serve <model>` itself"),
+    (["org/model"], r"\[0\]: 'org/model' is not a flag: the role passes the model \(vllm_model.name\)"),
+    (["fast"], r"\[0\]: 'fast' is not a flag: give only flags, each followed by its value"),
+    (["--enforce-eager", "true"], r"\[1\]: 'true' is not a flag: '--enforce-eager' is a switch and takes no value"),
+    (["--max-log-len", "100", "200"], r"\[2\]: '200' is not a flag: '--max-log-len' takes one value"),
+    (["--max-log-len"], r"\[0\]: '--max-log-len' takes a value in vLLM 0.32.0 and none follows it; add the value"),
+    (["--max-log-len", "--enforce-eager"], r"\[1\]: '--max-log-len' takes a value .* none follows it"),
+    (["--enforce-eager=yes"], r"\[0\]: '--enforce-eager' is a switch and takes no value; write it without '=yes'"),
+    (["--dtype", "float64"], r"\[1\]: 'float64' is not one of \[.*'bfloat16'.*\] for '--dtype'"),
+    (["--dtype=float64"], r"\[0\]: 'float64' is not one of"),
+    (["-tp", "2"], r"\[0\]: '-tp' \(the same option as '--tensor-parallel-size'\) is already set"),
+    (["-q", "awq"], r"\[0\]: '-q' \(the same option as '--quantization'\) is already set"),
+    (["--no-enable-prefix-caching"], r"'--no-enable-prefix-caching' \(the same option as '--enable-prefix-caching'\)"),
+    (["--max-num-seqs", "4"], r"\[0\]: '--max-num-seqs' is already set by the capacity plan, the role or vllm_flags"),
+    (["--seed", "1", "--seed", "2"], r"\[2\]: '--seed' is already set"),
+    ([8], r"\[0\]: 8 is not a string; quote it"),
+])
+def test_extra_args_are_read_as_the_engine_would_read_them(snapshot, extra, match):
+    """Each refusal names the element, its value and the fix, before the engine would crash-loop on it."""
+    with pytest.raises(AnsibleFilterError, match=match):
+        vllm_argv.vllm_serve_argv(PLANNED, "org/model", snapshot, extra)
+
+
+def test_extra_args_that_vllm_accepts_pass(snapshot):
+    extra = ["--seed", "-1", "--max-log-len=100", "--enforce-eager", "--hf-token", "--allowed-origins", '["x"]',
+             "--api-key", "unused-but-valid", "second"]  # nargs '+' takes several; '?' may stand alone
+    argv = vllm_argv.vllm_serve_argv({}, "m", snapshot, extra)
+    assert argv == ["m", *extra]
 
 
 def test_switch_given_a_value_is_refused(snapshot):

@@ -160,9 +160,9 @@ def test_site_yml_plans_the_engine_once_per_run():
     assert max(counts) == 1 and set(counts) <= {0, 1}, counts
 
 
-# Each setting that would open the box, as an admin might put it in the inventory, and words its refusal
-# must contain: the field and, where one exists, the opt-in that would make the preflight accept it. The
-# engine's settings and the cross-checks are refused only here through a real play; the gateway's paths
+# Each setting that would open the box (or break the engine), as an admin might put it in the inventory,
+# and words its refusal must contain: the field and, where one exists, the opt-in that would make the
+# preflight accept it. The engine's settings and the cross-checks are refused only here through a real play; the gateway's paths
 # and users (molecule/caddy) and the firewall's networks (tests/firewall) have their own tables, so one
 # case of each stands for its role here, at about 6 s of play time per case.
 OPENING_SETTINGS = {
@@ -172,6 +172,11 @@ OPENING_SETTINGS = {
                             ["VLLM_ALLOW_RUNTIME_LORA_UPDATING", "vllm_allow_unsafe"]),
     "engine-remote-code": ({"vllm_flags": {"trust-remote-code": True}}, ["trust-remote-code", "vllm_allow_unsafe"]),
     "engine-logs-prompts": ({"vllm_flags": {"enable-log-requests": True}}, ["enable-log-requests", "vllm_allow_unsafe"]),
+    # Extra engine args the engine would crash-loop on, or that would replace what the plan or the role sets.
+    "engine-extra-serve": ({"vllm_extra_args": ["serve", "--enforce-eager"]}, ["vllm_extra_args", "'serve'"]),
+    "engine-extra-host": ({"vllm_extra_args": ["--host", "0.0.0.0"]}, ["'--host'", "vllm_bind_address"]),
+    "engine-extra-one-token": ({"vllm_extra_args": ["--max-num-seqs 4"]}, ["one token", "['--max-num-seqs', '4']"]),
+    "engine-extra-alias": ({"vllm_extra_args": ["-tp", "2"]}, ["vllm_extra_args[0]", "'--tensor-parallel-size'"]),
     "gateway-proxies-everything": ({"caddy_proxied_paths": ["/*"]},
                                    ["caddy_proxied_paths", "caddy_allow_engine_admin_paths"]),
     "gateway-port-not-opened": ({"caddy_listen_port": 9443, "firewall_gateway_ports": [8443]},

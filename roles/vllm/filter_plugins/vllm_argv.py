@@ -19,7 +19,7 @@ try:  # The pure functions below are unit-tested without Ansible's error type.
 except ImportError:  # pragma: no cover
     AnsibleFilterError = ValueError
 
-_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
+_FLAG = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9-]*$")  # long options and short aliases (-tp)
 _IMAGE_REF = re.compile(
     r"^(?P<repository>[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
     r":(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})@(?P<digest>sha256:[0-9a-f]{64})$"
@@ -107,13 +107,87 @@ def vllm_serve_argv(
         argv.extend(str(item) for item in values)
 
     extra = list(extra_args or [])
-    for token in extra:
-        if not isinstance(token, str):
-            raise AnsibleFilterError(f"vllm_extra_args: every element must be a string, got {token!r}")
-        if token.startswith("--"):
-            check(token.split("=", 1)[0], "vllm_extra_args")
+    # Every option the mapping owns, an omitted one (None, e.g. no quantization) included.
+    set_by = {index[f"--{name}"]["dest"]: f"--{name}" for name in flags if f"--{name}" in index}
+    _check_extra_args(extra, check, set_by, str(model), version)
     argv.extend(extra)
     return argv
+
+
+def _is_value(token: str) -> bool:
+    """True for a token argparse reads as a value, not an option: no leading '-', or a negative number."""
+    return not token.startswith("-") or bool(re.match(r"^-\d", token))
+
+
+def _needs_value(option: Mapping[str, Any]) -> bool:
+    """True when argparse requires a value after the option (nargs None or '+'; '?' may stand alone)."""
+    return bool(option.get("takes_value")) and option.get("nargs") != "?"
+
+
+def _check_extra_args(extra: list[Any], check: Any, set_by: Mapping[str, str], model: str, version: str) -> None:
+    """Check ``vllm_extra_args`` the way ``vllm serve``'s parser would read it, before the engine does.
+
+    Inputs: the tokens; ``check`` (flag, source) -> the option's snapshot entry (raises for an unknown
+    flag); ``set_by`` maps each option dest the rendered flags already set to the flag that sets it; the
+    model positional; the pinned version (for messages).
+    Raises AnsibleFilterError naming the element, its value and the fix for: a non-string, a positional
+    (``serve``, ``vllm``, the model, any word that follows no value-taking flag), a value after a switch,
+    a value-taking flag with no value, a value outside the option's choices, or an option (alias or
+    ``--no-`` form included) that the plan, the role or ``vllm_flags`` already sets - argparse keeps the
+    last one, so a repeat would silently replace the planned value.
+    """
+    previous: dict[str, Any] | None = None  # the option that may still take the next token
+    previous_flag = ""
+    taken = 0
+    for position, token in enumerate(extra):
+        field = f"vllm_extra_args[{position}]"
+        if not isinstance(token, str):
+            raise AnsibleFilterError(f"{field}: {token!r} is not a string; quote it so each element is one argv token")
+        if _is_value(token):
+            if previous is not None and previous.get("takes_value") and (taken == 0 or previous.get("nargs") == "+"):
+                choices = previous.get("choices")
+                if choices and token not in [str(c) for c in choices]:
+                    raise AnsibleFilterError(
+                        f"{field}: {token!r} is not one of {choices} for '{previous_flag}' in vLLM {version}")
+                taken += 1
+                continue
+            if token in ("serve", "vllm"):
+                fix = "the role runs `vllm serve <model>` itself; remove it"
+            elif token == model:
+                fix = "the role passes the model (vllm_model.name) itself; remove it"
+            elif previous is not None and not previous.get("takes_value"):
+                fix = f"'{previous_flag}' is a switch and takes no value; remove {token!r}"
+            elif previous is not None:
+                fix = f"'{previous_flag}' takes one value; remove {token!r} or give it to a flag"
+            else:
+                fix = "give only flags, each followed by its value, e.g. ['--max-log-len', '100']"
+            raise AnsibleFilterError(f"{field}: {token!r} is not a flag: {fix}")
+        if previous is not None and _needs_value(previous) and taken == 0:
+            raise AnsibleFilterError(
+                f"{field}: '{previous_flag}' takes a value in vLLM {version} and none follows it; put the value "
+                f"in the next element, e.g. ['{previous_flag}', '<value>']")
+        flag, has_value, value = token.partition("=")
+        option = check(flag, field)
+        if option["dest"] in set_by:
+            owner = set_by[option["dest"]]
+            alias = "" if owner == flag else f" (the same option as '{owner}')"
+            raise AnsibleFilterError(
+                f"{field}: '{flag}'{alias} is already set by the capacity plan, the role or vllm_flags, and argparse "
+                "would keep the last one; change it through vllm_flags if the plan does not own it, else through "
+                "the planner input the preflight names for it")
+        set_by = {**set_by, option["dest"]: flag}
+        previous, previous_flag, taken = option, flag, 0
+        if has_value:
+            if not option.get("takes_value"):
+                raise AnsibleFilterError(f"{field}: '{flag}' is a switch and takes no value; write it without '={value}'")
+            choices = option.get("choices")
+            if choices and value not in [str(c) for c in choices]:
+                raise AnsibleFilterError(f"{field}: {value!r} is not one of {choices} for '{flag}' in vLLM {version}")
+            taken = 1
+    if previous is not None and _needs_value(previous) and taken == 0:
+        raise AnsibleFilterError(
+            f"vllm_extra_args[{len(extra) - 1}]: '{previous_flag}' takes a value in vLLM {version} and none follows "
+            f"it; add the value as the next element, e.g. ['{previous_flag}', '<value>']")
 
 
 def vllm_image_ref(ref: str) -> dict[str, str]:

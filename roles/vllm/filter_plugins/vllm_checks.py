@@ -91,6 +91,7 @@ ROLE_FLAGS = {
     "host": "vllm_bind_address (the address the container's port is published on)",
     "api-key": "vllm_api_key, kept in the vault (a key in argv shows in `ps` and `docker inspect`)",
     "override-generation-config": "vllm_max_output_tokens (the role sets max_new_tokens from the plan)",
+    "hf-token": "vllm_hf_token, kept in the vault (the role fetches the weights; a token in argv shows in `docker inspect`)",
     "config": "vllm_flags for the options (the role's own --config file carries the engine key, vllm_api_key)",
 }
 # Engine environment variables the role sets from vllm_ceilings.

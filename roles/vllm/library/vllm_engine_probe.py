@@ -15,6 +15,7 @@ from ansible.module_utils.teamserve_sse import STREAM_ERRORS, StreamError, event
 from ansible.module_utils.teamserve_vllm_log import (  # noqa: F401
     LOGGED_DURATIONS,
     PHASE_MARKERS,
+    engine_failure,
     parse_docker_time,
     parse_start_phases,
 )
@@ -85,6 +86,12 @@ logged_durations:
   returned: success
   type: dict
 log_tail: {description: Last engine log lines., returned: on failure, type: list}
+reason:
+  description:
+    - Why the engine failed, in vLLM's own words - its argparse error or last exception line from the log, or
+      the error body of the probe request - or null when neither says.
+  returned: on failure
+  type: str
 """
 
 
@@ -150,6 +157,12 @@ def main() -> None:
         raw = client.logs(params["container"], tail=params["log_lines"]).decode("utf-8", "replace")
         return raw.splitlines()
 
+    def failed(msg: str, **extra: Any) -> None:
+        # The reason may sit above the last log_lines (a traceback), so read further back for it.
+        raw = client.logs(params["container"], tail=400).decode("utf-8", "replace")
+        reason = engine_failure(raw.splitlines())
+        module.fail_json(msg=f"{msg}: {reason}" if reason else msg, reason=reason, log_tail=tail(), **extra)
+
     try:
         state = client.inspect_container(params["container"])["State"]
     except docker.errors.NotFound:
@@ -169,24 +182,17 @@ def main() -> None:
     while True:
         state = client.inspect_container(params["container"])["State"]
         if not state.get("Running") or state.get("Restarting"):
-            module.fail_json(
-                msg=f"engine container '{params['container']}' stopped while loading "
-                f"(status {state.get('Status')}, exit code {state.get('ExitCode')}); last log lines follow",
-                log_tail=tail(),
-                **result,
-            )
+            failed(f"engine container '{params['container']}' stopped while loading "
+                   f"(status {state.get('Status')}, exit code {state.get('ExitCode')})", **result)
         if parse_docker_time(state["StartedAt"]) != started:
-            module.fail_json(msg="engine container restarted while loading", log_tail=tail(), **result)
+            failed("engine container restarted while loading", **result)
         if http_status(params["health_url"], timeout=5) == 200:
             result["seconds_to_health"] = round(time.time() - started, 2)
             break
         if time.time() > deadline:
-            module.fail_json(
-                msg=f"engine not ready {params['timeout']} s after it started; if the model needs longer to load, raise "
-                "vllm_ready_timeout (the budget) or vllm_cold_start_regression_margin (the wait derived from the last start)",
-                log_tail=tail(),
-                **result,
-            )
+            failed(f"engine not ready {params['timeout']} s after it started; if the model needs longer to load, raise "
+                   "vllm_ready_timeout (the budget) or vllm_cold_start_regression_margin (the wait derived from the last "
+                   "start)", **result)
         time.sleep(params["poll_interval"])
 
     since = int(started) - 1
@@ -199,7 +205,8 @@ def main() -> None:
         try:
             arrived = first_token(params["chat"])
         except (*STREAM_ERRORS, StreamError) as exc:
-            module.fail_json(msg=f"engine is ready but the streamed probe through {params['chat']['url']} failed: {exc}", **result)
+            module.fail_json(msg=f"engine is ready but the streamed probe through {params['chat']['url']} failed: {exc}",
+                             reason=str(exc), log_tail=tail(), **result)
         result["first_token_latency"] = round(arrived - sent, 3)
         result["seconds_to_first_token"] = round(arrived - started, 2)
         result["phases"]["first_token"] = result["seconds_to_first_token"]
