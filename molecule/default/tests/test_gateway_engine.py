@@ -1,5 +1,5 @@
-"""The gateway in front of the REAL vLLM CPU engine (issue #6's tests that the caddy scenario's test double
-cannot stand in for): 401/429 bodies parse as OpenAI errors with the official SDK, a client that
+"""The gateway in front of the REAL vLLM CPU engine, for what the caddy scenario's test double cannot
+stand in for: 401/429 bodies parse as OpenAI errors with the official SDK, a client that
 disconnects stops its generation in the engine, a key issued and revoked with playbooks/users.yml
 works and then gets 401 while the engine container keeps its ID, start time and PID, and the access
 log names users and holds no key.
@@ -76,16 +76,17 @@ def test_user_over_the_limit_gets_an_openai_rate_limit_error(testbed_vars, keys,
 def test_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
     """alice and bob each hold their in-flight cap of long streams (derived from the engine's max-num-seqs;
     the gateway-wide cap, max-num-seqs + max-num-queued-reqs, is out of reach of two users, so its 503 is
-    tested in molecule/caddy). When the holders hang up, the engine stops their generations: after the
-    hang-up it produces far fewer tokens than were still to come. Counted from the hang-up, so a fast
-    engine that got far before it does not fail the test."""
+    tested in molecule/caddy), then hang up. vLLM's engine-core process is paused (SIGSTOP) while they
+    connect and hang up, so no stream can finish first: the tiny model writes 1,500 tokens in about 2 s,
+    and on a loaded machine a hang-up took longer than that to reach the engine. Once it runs again, the
+    engine must generate (almost) nothing for them; kept open instead, the same streams generate every token
+    (measured: 0 of 6,000 against 6,000 of 6,000)."""
     cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
     default = max(1, int(cmd[cmd.index("--max-num-seqs") + 1]) // 4)  # roles/caddy caddy_user_max_inflight
     # Each stream asks for LONG tokens; the engine clamps it to its output ceiling.
     per_stream = min(LONG, json.loads(cmd[cmd.index("--override-generation-config") + 1])["max_new_tokens"])
     caps = {u["name"]: u.get("max_inflight", default) for u in testbed_vars["caddy_users"]}
-    per_user = min(caps["alice"], caps["bob"])
-    cap = 2 * per_user
+    cap = 2 * min(caps["alice"], caps["bob"])
     url = base_url(testbed_vars) + "/chat/completions"
     opened = threading.Semaphore(0)
     hang_up = threading.Event()
@@ -100,9 +101,7 @@ def test_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
                 if response.status_code != 200:
                     errors.append(f"holder got {response.status_code}")
                 opened.release()
-                for _ in response.iter_lines():
-                    if hang_up.is_set():
-                        break  # leaving the with-blocks closes the connection mid-stream
+                hang_up.wait(60)  # leaving the with-blocks closes the connection mid-stream
         except httpx.HTTPError as err:
             errors.append(f"holder: {err!r}")
             opened.release()
@@ -110,18 +109,20 @@ def test_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
     before = engine_metrics(BOX)
     holders = [threading.Thread(target=hold, args=(keys["alice" if i % 2 else "bob"],), daemon=True)
                for i in range(cap)]
-    for thread in holders:
-        thread.start()
+    # The anchor keeps pkill off the shell that runs it, whose argv holds the pattern too.
+    BOX.check_output("pkill -STOP -f '^VLLM::EngineCore'")
     try:
+        for thread in holders:
+            thread.start()
         for _ in holders:
             assert opened.acquire(timeout=120), "a holding stream did not start"
         assert not errors, errors
-        time.sleep(0.2)
-        at_hang_up = engine_metrics(BOX)
     finally:
         hang_up.set()
         for thread in holders:
             thread.join(timeout=60)
+        time.sleep(1)  # for the API server to see the hang-ups before the engine runs again
+        BOX.check_output("pkill -CONT -f '^VLLM::EngineCore'")
     deadline = time.monotonic() + 60
     while True:
         now = engine_metrics(BOX)
@@ -130,12 +131,9 @@ def test_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
             break
         time.sleep(1)
     assert busy == 0, f"{busy} requests still in the engine 60 s after every client hung up"
-    tokens = "vllm:generation_tokens_total"
-    to_come = cap * per_stream - (at_hang_up[tokens] - before[tokens])
-    assert to_come >= cap * per_stream / 4, \
-        f"only {to_come:.0f} of {cap * per_stream} tokens were left at the hang-up: the streams were too short to test"
-    after = now[tokens] - at_hang_up[tokens]
-    assert after < to_come / 2, f"{after:.0f} of the {to_come:.0f} tokens still to come were generated: hang-ups did not stop them"
+    after = now["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert after < cap * per_stream / 2, \
+        f"{after:.0f} of {cap * per_stream} tokens were generated for {cap} streams whose clients hung up: hang-ups did not stop them"
 
 
 def test_issue_and_revoke_leave_the_engine_running(host, testbed_vars, keys, gateway_verify, tmp_path):
