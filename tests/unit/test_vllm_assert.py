@@ -21,6 +21,7 @@ REV = "ef486eba9ff0b47394b3d9daf8a30e736bf68ef8"
 TINY = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())["vllm_model"]
 HUB_MODEL = dict(TINY, name="teamserve/tiny-llama", revision=REV)
 LOCAL_MODEL = {k: v for k, v in TINY.items() if k != "revision"} | {"name": "/opt/models/teamserve-tiny"}
+CHAT_TEMPLATE = REPO / "tests/unit/fixtures/chat-template.jinja"
 WORKLOAD = {"concurrent_sequences": 8, "avg_context_tokens": 1000, "max_context_tokens": 2048}
 
 CASES: dict[str, tuple[dict[str, Any], str | None]] = {
@@ -60,6 +61,15 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                     "vllm_extra_args: '--trust-remote-code' opens the engine.*'trust_remote_code'"),
     "prompts_in_the_log": ({"vllm_model": LOCAL_MODEL, "vllm_flags": {"enable-log-requests": True}},
                            "vllm_flags.enable-log-requests: True opens the engine.*'log_requests'"),
+    # A base model's snapshot already on the host: its tokenizer has no chat template.
+    "cached_without_a_chat_template": ({"vllm_model": HUB_MODEL, "cached": "tokenizer without template"},
+                                       f"vllm_model teamserve/tiny-llama at {REV} has no chat template .*"
+                                       "Set vllm_chat_template to a Jinja template file on the controller"),
+    "cached_without_a_chat_template_given_one": ({"vllm_model": HUB_MODEL, "cached": "tokenizer without template",
+                                                  "vllm_chat_template": str(CHAT_TEMPLATE)}, None),
+    "chat_template_file_missing": ({"vllm_model": LOCAL_MODEL, "vllm_chat_template": "/nonexistent/chat.jinja"},
+                                   "vllm_chat_template is '/nonexistent/chat.jinja', and /nonexistent/chat.jinja "
+                                   "is not a file on the controller"),
 }
 
 PLAYBOOK = """
@@ -84,14 +94,17 @@ PLAYBOOK = """
 """
 
 
-def _cached_snapshot(data_dir: pathlib.Path) -> None:
-    """A complete snapshot of the hub repo, in the layout `hf download` leaves (tree listing + files)."""
+def _cached_snapshot(data_dir: pathlib.Path, tokenizer: bool) -> None:
+    """A complete snapshot of the hub repo, in the layout `hf download` leaves (tree listing + files):
+    config.json, and with `tokenizer` a tokenizer_config.json that has no chat template."""
     storage = data_dir / "huggingface" / "hub" / "models--teamserve--tiny-llama"
+    files = {"config.json": "{}"} | ({"tokenizer_config.json": '{"model_max_length": 2048}'} if tokenizer else {})
     (storage / "trees").mkdir(parents=True)
     (storage / "trees" / f"{REV}.json").write_text(json.dumps(
-        {"format_version": 1, "files": {"config.json": {"size": 2, "blob_id": "0" * 40}}}))
+        {"format_version": 1, "files": {name: {"size": len(text), "blob_id": "0" * 40} for name, text in files.items()}}))
     (storage / "snapshots" / REV).mkdir(parents=True)
-    (storage / "snapshots" / REV / "config.json").write_text("{}")
+    for name, text in files.items():
+        (storage / "snapshots" / REV / name).write_text(text)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +115,7 @@ def outcomes(tmp_path_factory) -> dict[str, str]:
         data_dir = tmp / "data" / name
         data_dir.mkdir(parents=True)
         if overrides.get("cached"):
-            _cached_snapshot(data_dir)
+            _cached_snapshot(data_dir, tokenizer=overrides["cached"] == "tokenizer without template")
         hosts[name] = {
             "vllm_data_dir": str(data_dir), "vllm_api_key": "k" * 40,
             "vllm_image": "vllm/vllm-openai:v0.32.0@sha256:" + "ab" * 32, "vllm_workload": WORKLOAD,

@@ -237,6 +237,31 @@ def test_bad_repo_or_revision_is_an_error(tmp_path):
         snapshot.snapshot_status(str(tmp_path), "teamserve/tiny-llama", "main")
 
 
+@pytest.mark.parametrize("files,source", [
+    ({"chat_template.jinja": "{{ messages }}", "tokenizer_config.json": "{}"}, "chat_template.jinja"),
+    ({"chat_template.json": '{"chat_template": "x"}', "tokenizer_config.json": "{}"}, "chat_template.json"),
+    ({"tokenizer_config.json": json.dumps({"chat_template": "{{ messages }}"})}, "tokenizer_config.json"),
+    ({"tokenizer_config.json": json.dumps({"chat_template": [{"name": "default", "template": "x"},
+                                                              {"name": "tool_use", "template": "y"}]})},
+     "tokenizer_config.json"),
+    # A tokenizer without a template: every chat request would get vLLM's 400.
+    ({"tokenizer_config.json": json.dumps({"model_max_length": 2048})}, "none"),
+    ({"tokenizer_config.json": json.dumps({"chat_template": ""})}, "none"),
+    ({"tokenizer_config.json": json.dumps({"chat_template": [{"name": "tool_use", "template": "y"}]})}, "none"),
+    ({"chat_template.jinja": "", "tokenizer_config.json": "{}"}, "none"),
+    # Not downloaded yet (or a broken file): nothing can be said.
+    ({"config.json": "{}"}, "unknown"),
+    ({"tokenizer_config.json": "{not json"}, "unknown"),
+])
+def test_chat_template_is_found_where_vllm_looks(tmp_path, files, source):
+    hub = _cache(tmp_path, files, list(files))
+    assert snapshot.snapshot_status(str(hub), "teamserve/tiny-llama", REV)["chat_template"] == source
+
+
+def test_chat_template_unknown_before_the_download(tmp_path):
+    assert snapshot.snapshot_status(str(tmp_path / "hub"), "teamserve/tiny-llama", REV)["chat_template"] == "unknown"
+
+
 @pytest.mark.parametrize("kwargs,word,field", [
     ({"bind_address": "0.0.0.0"}, "bind_address", "vllm_bind_address: '0.0.0.0'"),
     ({"bind_address": "10.231.0.10"}, "bind_address", "vllm_bind_address"),

@@ -13,14 +13,17 @@ back with its rollback, a recreate it does anyway, and checks that it did.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
@@ -65,12 +68,13 @@ def hub_stats() -> dict:
         return json.load(resp)
 
 
-def run_role(tmp_path: pathlib.Path, extra_vars: dict | None = None) -> tuple[int, dict]:
-    """Run the vllm role on the box; returns (rc, {task name: the box's result}) from the json callback."""
+def run_role(tmp_path: pathlib.Path, extra_vars: dict | None = None, args: tuple[str, ...] = ()) -> tuple[int, dict]:
+    """Run the vllm role on the box (`args`: more ansible-playbook options); returns (rc, {task name: the
+    box's result}) from the json callback."""
     if not os.environ.get("MOLECULE_INVENTORY_FILE"):
         pytest.skip("needs molecule's inventory (run through `molecule verify -s default`)")
     (tmp_path / "play.yml").write_text(PLAY)
-    run = ansible_playbook(tmp_path / "play.yml", extra_vars, stdout_callback="ansible.builtin.json")
+    run = ansible_playbook(tmp_path / "play.yml", extra_vars, stdout_callback="ansible.builtin.json", args=args)
     document = json_callback_document(run.stdout)
     results = {}
     for task in document["plays"][0]["tasks"]:  # names come as "vllm : <task name>"
@@ -340,3 +344,60 @@ def test_an_engine_change_that_does_not_serve_puts_the_last_good_engine_back(hos
     finally:
         users_play("revoke", "erin", keys_file, users)
     assert vault_view(keys_file)["caddy_user_keys"] == keys
+
+
+# --- a model without a chat template ---------------------------------------------------------------------
+NOCHAT = "teamserve/tiny-llama-nochat"
+
+
+@pytest.fixture
+def nochat(host, testbed_vars) -> Iterator[dict]:
+    """The tiny model as a base model ships, without a chat template: a copy of its snapshot in the box's HF
+    cache under another repository name, chat_template.jinja gone from the files and the tree listing (a
+    complete snapshot, so nothing is downloaded). Returns the vllm_model profile; the copy is removed after."""
+    rev = LOCK["vllm_model_revision"]
+    hub = f"{DATA_DIR}/huggingface/hub"
+    copy = f"{hub}/models--{NOCHAT.replace('/', '--')}"
+    host.check_output(f"cp -a {hub}/models--teamserve--tiny-llama {copy} && rm {copy}/snapshots/{rev}/chat_template.jinja")
+    tree = json.loads(host.file(f"{copy}/trees/{rev}.json").content_string)
+    del tree["files"]["chat_template.jinja"]
+    host.check_output(f"printf %s {shlex.quote(json.dumps(tree))} > {copy}/trees/{rev}.json")
+    assert "chat_template" not in json.loads(host.file(f"{copy}/snapshots/{rev}/tokenizer_config.json").content_string)
+    try:
+        yield {**testbed_vars["vllm_model"], "name": NOCHAT, "revision": rev}
+    finally:
+        host.check_output(f"rm -rf {copy}")
+
+
+def test_a_model_without_a_chat_template_is_refused_before_the_engine_changes(host, nochat, tmp_path):
+    """vLLM would start it and answer every chat request with 400; the plan stops it, naming the fix."""
+    before = inspect(host)
+    rc, results = run_role(tmp_path, {"vllm_model": nochat})
+    assert rc != 0
+    message = " ".join(results["Refuse a model without a chat template"]["msg"].split())
+    assert f"vllm_model {NOCHAT} at {LOCK['vllm_model_revision']} has no chat template" in message, message
+    assert "Set vllm_chat_template to a Jinja template file" in message
+    assert "Find out whether the engine container's spec changes" not in results
+    after = inspect(host)
+    assert after["Id"] == before["Id"] and after["State"]["StartedAt"] == before["State"]["StartedAt"]
+
+
+def test_a_chat_template_file_is_mounted_and_passed_to_the_engine(host, nochat, tmp_path):
+    """With vllm_chat_template the same model passes; check mode shows the engine it would run: the file
+    copied under its content's hash, mounted read-only and named by --chat-template (a new template, a
+    new mount: the last good engine keeps the file it started with)."""
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+    before = inspect(host)
+    rc, results = run_role(tmp_path, {"vllm_model": nochat, "vllm_chat_template": str(template)}, args=("--check",))
+    assert rc == 0, {name: r.get("msg") for name, r in results.items() if r.get("failed")}
+    copied = f"{DATA_DIR}/chat-templates/{hashlib.sha256(template.read_bytes()).hexdigest()}.jinja"
+    assert results["Copy the chat template to the box"]["changed"]
+    argv = results["Render the engine's argv and check every flag against vLLM 0.32.0"]["ansible_facts"]["vllm_argv"]
+    assert argv[argv.index("--chat-template") + 1] == "/run/teamserve/chat-template.jinja"
+    assert argv[0] == NOCHAT
+    volumes = results["Describe the engine container the plan asks for"]["ansible_facts"]["__vllm_spec"]["volumes"]
+    assert f"{copied}:/run/teamserve/chat-template.jinja:ro" in volumes
+    assert results["Find out whether the engine container's spec changes"]["changed"]
+    assert inspect(host)["Id"] == before["Id"]
+    assert not host.file(copied).exists  # check mode

@@ -18,6 +18,9 @@ description:
     snapshot's C(model.safetensors.index.json) C(metadata.total_size) once it is downloaded (the local
     cache), else the C(*.safetensors) sizes the tree listing records (the hub's metadata, written before
     any file is fetched).
+  - Also reports where the snapshot's chat template is, as C(transformers) and vLLM 0.32.0 look for it
+    (C(vllm/renderers/hf.py) C(resolve_chat_template)) - C(chat_template.jinja) or the C(chat_template) key
+    of C(tokenizer_config.json) (the tokenizer's), or C(chat_template.json) (the processor's).
   - Changes nothing; supports check mode.
 options:
   cache_dir:
@@ -64,6 +67,13 @@ checkpoint:
       empty when neither the index nor the tree listing gives it.
   type: dict
   returned: always
+chat_template:
+  description:
+    - The file that holds the default chat template (C(chat_template.jinja), C(chat_template.json) or
+      C(tokenizer_config.json)); C(none) when C(tokenizer_config.json) is there and no file holds one;
+      C(unknown) before the tokenizer's files are downloaded.
+  type: str
+  returned: always
 """
 
 import json
@@ -82,7 +92,8 @@ def snapshot_status(cache_dir: str, repo_id: str, revision: str, exclude: list[s
 
     Inputs: ``cache_dir`` (the hub cache, e.g. ``/var/lib/teamserve/vllm/huggingface/hub``), ``repo_id``
     (``owner/name``), ``revision`` (40-hex commit), ``exclude`` (glob patterns of skipped files).
-    Output: ``{"complete": bool, "snapshot": str, "expected": int, "missing": [str, ...] (at most 10)}``.
+    Output: ``{"complete": bool, "snapshot": str, "expected": int, "missing": [str, ...] (at most 10),
+    "checkpoint": dict, "chat_template": str}`` (see ``checkpoint_size`` and ``chat_template_source``).
     Layout (huggingface_hub 2.x ``repo_folder_name`` and ``_tree_cache``): ``models--OWNER--NAME/
     trees/<commit>.json`` = ``{"format_version": 1, "files": {path: {...}}}``, files under
     ``snapshots/<commit>/<path>`` (symlinks into ``blobs/``; a dangling link counts as missing).
@@ -95,7 +106,8 @@ def snapshot_status(cache_dir: str, repo_id: str, revision: str, exclude: list[s
     storage = os.path.join(cache_dir, "models--" + repo_id.replace("/", "--"))
     snapshot = os.path.join(storage, "snapshots", revision)
     tree_file = os.path.join(storage, "trees", revision + ".json")
-    result = {"complete": False, "snapshot": snapshot, "expected": 0, "missing": [], "checkpoint": {}}
+    result = {"complete": False, "snapshot": snapshot, "expected": 0, "missing": [], "checkpoint": {},
+              "chat_template": chat_template_source(snapshot)}
     try:
         with open(tree_file, encoding="utf-8") as handle:
             tree = json.load(handle)
@@ -112,6 +124,40 @@ def snapshot_status(cache_dir: str, repo_id: str, revision: str, exclude: list[s
     result.update(expected=len(expected), missing=missing[:10], complete=not missing,
                   checkpoint=checkpoint_size(snapshot, files, revision))
     return result
+
+
+# Files any of which gives vLLM 0.32.0 a default chat template (vllm/renderers/hf.py: the processor's
+# chat_template.json, else the tokenizer's). transformers' save_pretrained writes chat_template.jinja;
+# older checkpoints carry the template as tokenizer_config.json's chat_template key.
+_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def chat_template_source(snapshot: str) -> str:
+    """Where the snapshot's default chat template is.
+
+    Input: ``snapshot`` (the snapshot directory). Output: the file name that holds it
+    (``chat_template.jinja``, ``chat_template.json`` or ``tokenizer_config.json``), ``"none"`` when
+    ``tokenizer_config.json`` is there and readable and no file holds a template, ``"unknown"`` when
+    ``tokenizer_config.json`` is absent or unreadable (not downloaded yet). A template in
+    ``tokenizer_config.json`` is a non-empty string, or a list of ``{"name", "template"}`` with one named
+    ``default`` (transformers' multi-template form). Raises nothing.
+    """
+    for name in _TEMPLATE_FILES:
+        try:
+            if os.path.getsize(os.path.join(snapshot, name)) > 0:
+                return name
+        except OSError:
+            pass
+    try:
+        with open(os.path.join(snapshot, "tokenizer_config.json"), encoding="utf-8") as handle:
+            template = json.load(handle).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+    if isinstance(template, str) and template.strip():
+        return "tokenizer_config.json"
+    if isinstance(template, list) and any(isinstance(t, dict) and t.get("name") == "default" for t in template):
+        return "tokenizer_config.json"
+    return "none"
 
 
 def checkpoint_size(snapshot: str, files: dict, revision: str) -> dict:
