@@ -287,6 +287,49 @@ def test_long_prompt_judges_the_longest_pause():
     assert checks.check_long_prompt(stalled, longest + 0.5)["status"] == "FAIL"
 
 
+def test_long_prompt_reopens_streams_that_finish_before_the_prompt_arrives():
+    # A real local server streaming like vLLM: each other stream writes 5 chunks in 0.1 s, far less than
+    # the baseline, and the long prompt's prefill takes 0.3 s. Every stream must still be counted as going.
+    import http.server
+    import time
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            long = isinstance(body["prompt"], list)
+            time.sleep(0.3 if long else 0.0)
+            for _ in range(1 if long else 5):
+                self.wfile.write(b'data: {"choices":[{"index":0,"text":"x"}]}\n\n')
+                self.wfile.flush()
+                time.sleep(0.02)
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = long_prompt.run({"url": f"http://127.0.0.1:{server.server_port}", "api_key": "k", "model": "m",
+                                  "ca_path": None, "streams": 3, "stream_max_tokens": 5, "long_prompt_tokens": 8,
+                                  "vocab_size": 4096, "warmup_events": 2, "baseline_seconds": 0.5,
+                                  "after_seconds": 0.3, "timeout": 20})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result["streams_alive_after"] == 3 and result["streams_reopened"] >= 3
+    assert result["long_prompt_ttft_seconds"] >= 0.3
+    # gaps never span a reopen: within a response they are 20 ms, so no gap near the 0.3 s prefill
+    assert result["during"]["count"] > 0 and result["during"]["max"] < 0.2
+    assert checks.check_long_prompt(result, 0.2)["status"] == "PASS"
+
+
 def test_long_prompt_inputs():
     inputs = checks.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 0)
     assert inputs == {"streams": 7, "tokens": 2040, "max_len": 2048, "vocab_size": 4096, "stream_max_tokens": 1024}
@@ -379,6 +422,9 @@ def test_eval_answers_refuse_a_failed_request():
     ok = [{"item": {"prompt": "a", "expected": "4"}, "status": 200,
            "json": {"choices": [{"message": {"role": "assistant", "content": "4"}}]}}]
     assert checks.eval_answers(ok) == [{"prompt": "a", "expected": "4", "answer": "4"}]
+    # a completions-only model answers /v1/completions: the choice's text
+    completion = [{"item": {"prompt": "b"}, "status": 200, "json": {"choices": [{"index": 0, "text": " 4"}]}}]
+    assert checks.eval_answers(completion) == [{"prompt": "b", "expected": None, "answer": " 4"}]
     refused = [{"item": {"prompt": "c"}, "status": 429, "json": data("limited.json")["json"]}]
     with pytest.raises(AnsibleFilterError, match="prompt 'c' got HTTP 429"):
         checks.eval_answers(refused)

@@ -36,6 +36,7 @@ def test_every_check_is_reported_once_and_the_run_passed(report, checks):
     failed = {i: c["summary"] for i, c in checks.items() if c["status"] == "FAIL"}
     assert not failed and report["passed"] is True, failed
     assert [i for i, c in checks.items() if c["status"] == "SKIP"] == [7]  # see side_effect.yml
+    assert (report["api_endpoint"], report["chat"]) == ("/v1/chat/completions", "available")  # a chat model
     for check in checks.values():
         assert check["status"] in ("PASS", "SKIP") and check["summary"].strip()
         if check["status"] == "SKIP":
@@ -82,6 +83,7 @@ def test_long_prompt_others_keep_streaming(checks):
         gaps = measured[window]
         assert gaps["count"] > 0 and 0 <= gaps["p50"] <= gaps["p99"] <= gaps["max"] and gaps["max"] > 0, (window, gaps)
     assert measured["during"]["max"] <= long["target"]["max_stall_seconds"]
+    assert measured["streams_alive_after"] == measured["streams"] and measured["streams_reopened"] >= 0
 
 
 def test_rate_limit_exhausted_user_gets_429_the_other_200(checks):

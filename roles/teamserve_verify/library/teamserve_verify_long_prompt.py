@@ -20,6 +20,9 @@ description:
     O(warmup_events) chunks, records their chunk arrival times for O(baseline_seconds), then sends one
     prompt of O(long_prompt_tokens) tokens (random token ids, so the prefix cache cannot shorten its
     prefill) with C(max_tokens=1), and keeps recording for O(after_seconds) after its first token.
+  - A stream that reaches O(stream_max_tokens) before the window ends is opened again at once, so a fast
+    engine cannot finish the others before the long prompt arrives; gaps are measured within one
+    response only, never across a reopen.
   - The prefill window is from sending the long prompt to its first token. Inter-token latency (ITL) of
     the other streams is reported before the window and during it (every gap between two chunks that
     overlaps the window), as p50/p99/max in seconds. With chunked prefill the others keep streaming;
@@ -35,7 +38,7 @@ options:
   ca_path: {description: CA bundle that signs the gateway's certificate (Caddy's internal root)., type: path}
   streams: {description: Number of concurrent streams that represent the other users., type: int, default: 4}
   stream_max_tokens:
-    description: Upper bound of tokens per stream (streams are closed early once measured).
+    description: Tokens per stream request; one that finishes before the window ends is opened again.
     type: int
     default: 1024
   long_prompt_tokens:
@@ -67,6 +70,10 @@ during:
   type: dict
 streams_alive_after:
   description: Streams that produced a chunk after the long prompt's first token.
+  returned: success
+  type: int
+streams_reopened:
+  description: Times a stream reached its max_tokens within the window and was opened again.
   returned: success
   type: int
 """
@@ -135,7 +142,8 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
 
     deadline = time.monotonic() + params["timeout"]
     stop = threading.Event()
-    times: list[list[float]] = [[] for _ in range(params["streams"])]
+    # per stream, one list of chunk arrival times per response (a finished stream is reopened)
+    times: list[list[list[float]]] = [[] for _ in range(params["streams"])]
     errors: list[str] = []
     conns: list[Any] = []
 
@@ -143,17 +151,25 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         body = {"model": params["model"], "prompt": f"Stream {index}: tell a long story about the sea.",
                 "max_tokens": params["stream_max_tokens"], "stream": True, "ignore_eos": True}
         try:
-            conn, response = gateway_open(body)
-            conns.append(conn)
-            chunk_times(response, stop, times[index])
+            while not stop.is_set() and time.monotonic() < deadline:
+                segment: list[float] = []
+                times[index].append(segment)
+                conn, response = gateway_open(body)
+                conns.append(conn)
+                chunk_times(response, stop, segment)
+                if not segment and not stop.is_set():
+                    raise StreamError("the stream ended without a token")
         except (*STREAM_ERRORS, StreamError) as exc:
             errors.append(f"stream {index}: {exc}")
+
+    def warm(index: int) -> int:
+        return max((len(segment) for segment in times[index]), default=0)
 
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(params["streams"])]
     for thread in threads:
         thread.start()
     try:
-        while min((len(t) for t in times), default=params["warmup_events"]) < params["warmup_events"]:
+        while min(warm(i) for i in range(params["streams"])) < params["warmup_events"]:
             if errors:
                 raise RuntimeError("; ".join(errors))
             if time.monotonic() > deadline:
@@ -186,14 +202,16 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
             conn.close()
     if errors:
         raise RuntimeError("; ".join(errors))
-    before, during = split_gaps(times, sent, first, baseline_start)
+    before, during = split_gaps([segment for segments in times for segment in segments], sent, first,
+                                baseline_start)
     return {
         "streams": params["streams"],
         "long_prompt_tokens": params["long_prompt_tokens"],
         "long_prompt_ttft_seconds": round(first - sent, 4),
         "before": summarise(before),
         "during": summarise(during),
-        "streams_alive_after": sum(1 for t in times if t and t[-1] > first),
+        "streams_alive_after": sum(1 for segments in times if any(t and t[-1] > first for t in segments)),
+        "streams_reopened": sum(max(len(segments) - 1, 0) for segments in times),
     }
 
 
