@@ -550,7 +550,8 @@ def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[di
 
 
 def eval_answers(results: Any) -> list[dict[str, Any]]:
-    """Answers from the looped ``uri`` results of the eval requests to /v1/chat/completions.
+    """Answers from the looped ``uri`` results of the eval requests to /v1/chat/completions (the choice's
+    ``message.content``) or, for a completions-only model, /v1/completions (the choice's ``text``).
 
     Returns ``[{"prompt", "expected", "answer"}]`` in order. Raises AnsibleFilterError naming the prompt
     and the HTTP status when a request did not answer 200 with a choice.
@@ -564,7 +565,7 @@ def eval_answers(results: Any) -> list[dict[str, Any]]:
             raise AnsibleFilterError(f"the eval request for prompt {str(item.get('prompt'))[:60]!r} got HTTP "
                                      f"{result.get('status')} {str(result.get('msg') or '')[:120]}".rstrip())
         answers.append({"prompt": item.get("prompt"), "expected": item.get("expected"),
-                        "answer": (choices[0].get("message") or {}).get("content") or ""})
+                        "answer": (choices[0].get("message") or {}).get("content") or choices[0].get("text") or ""})
     return answers
 
 

@@ -142,3 +142,12 @@ def test_engine_failure_is_none_without_an_error_and_cut_to_the_limit():
     assert log.engine_failure(["INFO 12-03 09:10:00 [api_server.py:1] vLLM API server version 0.32.0"]) is None
     long = log.engine_failure([f"ValueError: {'x' * 1000}"], limit=100)
     assert len(long) == 100 and long.endswith("…")
+
+
+def test_the_probe_sends_a_completion_to_a_completions_only_model():
+    # a model without a chat template answers chat requests with 400; /v1/completions needs a prompt
+    completion = probe.probe_body("https://gw:8443/v1/completions", "tiny")
+    assert completion["prompt"] and "messages" not in completion and completion["stream"]
+    chat = probe.probe_body("https://gw:8443/v1/chat/completions", "tiny")
+    assert chat["messages"][0]["role"] == "user" and "prompt" not in chat
+    assert completion["max_tokens"] == chat["max_tokens"] == 8

@@ -382,6 +382,21 @@ def test_a_model_without_a_chat_template_is_refused_before_the_engine_changes(ho
     assert after["Id"] == before["Id"] and after["State"]["StartedAt"] == before["State"]["StartedAt"]
 
 
+def test_a_model_declared_completions_only_passes_and_is_probed_with_completions(host, nochat, tmp_path):
+    """The same model without a template, declared completions-only: the preflight lets it through and
+    the published endpoint every probe uses (readiness, cold start, upgrade smoke, verify) is
+    /v1/completions; check mode, so the running engine is untouched."""
+    before = inspect(host)
+    rc, results = run_role(tmp_path, {"vllm_model": nochat, "vllm_completions_only": True}, args=("--check",))
+    assert rc == 0, {name: r.get("msg") for name, r in results.items() if r.get("failed")}
+    assert not results["Refuse a model without a chat template"].get("failed")
+    facts = results["Publish where the engine answers on the box (its loopback port)"]["ansible_facts"]
+    assert facts["vllm_api_endpoint"] == "/v1/completions"
+    assert "--chat-template" not in results["Render the engine's argv and check every flag against vLLM 0.32.0"][
+        "ansible_facts"]["vllm_argv"]
+    assert inspect(host)["Id"] == before["Id"]
+
+
 def test_a_chat_template_file_is_mounted_and_passed_to_the_engine(host, nochat, tmp_path):
     """With vllm_chat_template the same model passes; check mode shows the engine it would run: the file
     copied under its content's hash, mounted read-only and named by --chat-template (a new template, a

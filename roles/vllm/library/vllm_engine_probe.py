@@ -52,10 +52,12 @@ options:
   restart: {description: Restart the container first and time from the restart request., type: bool, default: false}
   stop_timeout: {description: Seconds Docker gives the old engine to stop on restart before killing it., type: int, default: 30}
   chat:
-    description: When set, a streamed chat completion is sent once the engine is ready.
+    description:
+      - When set, a streamed request is sent once the engine is ready. A chat completion, or a completion
+        when O(chat.url) ends in C(/v1/completions) (a completions-only model).
     type: dict
     suboptions:
-      url: {description: Chat completions URL (normally through the gateway)., type: str, required: true}
+      url: {description: "Chat completions (or completions) URL, normally through the gateway.", type: str, required: true}
       api_key: {description: Bearer key for that URL., type: str, required: true, no_log: true}
       model: {description: Served model name., type: str, required: true}
       ca_path: {description: CA bundle to verify the gateway's certificate with., type: path}
@@ -106,13 +108,21 @@ def http_status(url: str, timeout: float) -> int:
         return 0
 
 
+def probe_body(url: str, model: str) -> dict[str, Any]:
+    """The streamed request (8 tokens at most) for ``url``: a completion when it ends in ``/v1/completions``
+    (a completions-only model), else a chat completion."""
+    if url.rstrip("/").endswith("/v1/completions"):
+        return {"model": model, "prompt": "Say hello.", "max_tokens": 8, "stream": True}
+    return {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
+            "stream": True}
+
+
 def first_token(chat: dict[str, Any]) -> float:
-    """Send one streamed chat completion; return the epoch time (seconds) its first content token arrived.
+    """Send one streamed request (probe_body); return the epoch time (seconds) its first token arrived.
 
     Raises StreamError (non-200, or a stream without a token), OSError or http.client.HTTPException.
     """
-    body = {"model": chat["model"], "messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": 8, "stream": True}
+    body = probe_body(chat["url"], chat["model"])
     conn, response = open_stream(chat["url"], body, chat["api_key"], chat.get("ca_path"), chat["timeout"],
                                  chat.get("validate_certs", True))
     try:
