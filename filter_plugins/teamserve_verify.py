@@ -437,6 +437,7 @@ def check_long_prompt(result: Any, max_stall_seconds: float) -> Record:
     ``result``: the ``teamserve_verify_long_prompt`` module's result (ITL of the other streams before and
     during the prefill, seconds). PASS when no other stream paused longer than ``max_stall_seconds`` and
     every stream kept going. With chunked prefill a pause is one batch; without it, the whole prefill.
+    ``attempts`` in ``result`` (set by the task's ``until``) is the measurement judged, counted from 1.
     """
     r = {k: v for k, v in dict(result or {}).items() if k not in ("changed", "failed", "invocation")}
     longest = (r.get("during") or {}).get("max")
@@ -448,7 +449,8 @@ def check_long_prompt(result: Any, max_stall_seconds: float) -> Record:
         f"{r.get('streams')} others' ITL p50/p99 {before.get('p50')}/{before.get('p99')} s before, "
         f"{during.get('p50')}/{during.get('p99')} s during the {r.get('long_prompt_tokens')}-token prefill "
         f"({r.get('long_prompt_ttft_seconds')} s); longest pause {longest} s (target <= {max_stall_seconds} s), "
-        f"{r.get('streams_alive_after')}/{r.get('streams')} streams kept going",
+        f"{r.get('streams_alive_after')}/{r.get('streams')} streams kept going"
+        + (f" (measurement {r['attempts']})" if int(r.get("attempts") or 1) > 1 else ""),
         measured=r, target={"max_stall_seconds": float(max_stall_seconds), "streams_alive_after": r.get("streams")},
     )
 

@@ -285,6 +285,9 @@ def test_long_prompt_judges_the_longest_pause():
     assert checks.check_long_prompt(result, longest / 2)["status"] == "FAIL"
     stalled = dict(result, streams_alive_after=result["streams"] - 1)
     assert checks.check_long_prompt(stalled, longest + 0.5)["status"] == "FAIL"
+    # the second measurement of the task's until is named; the first one is not
+    assert checks.check_long_prompt(dict(result, attempts=2), longest + 0.5)["summary"].endswith("(measurement 2)")
+    assert "measurement" not in checks.check_long_prompt(dict(result, attempts=1), longest + 0.5)["summary"]
 
 
 def test_long_prompt_reopens_streams_that_finish_before_the_prompt_arrives():
