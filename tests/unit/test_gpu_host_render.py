@@ -335,7 +335,7 @@ def test_daemon_json_merge_keeps_admin_keys_and_adds_the_nvidia_runtime():
     merged = role.render(task["ansible.builtin.set_fact"]["docker_daemon_config"])
     assert merged == {"debug": False, "log-driver": "json-file",
                       "log-opts": {"labels": "admin-label", "max-size": "50m", "max-file": "5"},
-                      "live-restore": True, "insecure-registries": ["10.231.0.3:5000"],
+                      "live-restore": True, "userland-proxy": False, "insecure-registries": ["10.231.0.3:5000"],
                       "runtimes": {"crun": {"path": "/usr/bin/crun"},
                                    "nvidia": {"path": "nvidia-container-runtime", "args": []}},
                       "default-runtime": "nvidia"}

@@ -1,8 +1,8 @@
 """The gateway in front of the REAL vLLM CPU engine, for what the caddy scenario's test double cannot
 stand in for: 401/429 bodies parse as OpenAI errors with the official SDK, a client that
 disconnects stops its generation in the engine, a key issued and revoked with playbooks/users.yml
-works and then gets 401 while the engine container keeps its ID, start time and PID, and the access
-log names users and holds no key.
+works and then gets 401 while the engine container keeps its ID, start time and PID, the access
+log names users and holds no key, and streams in flight survive a dockerd restart.
 
 Traffic goes only to the testbed box (the gateway on 10.231.0.10:8443; the engine's loopback port is
 read from inside the box). Every request loop is bounded. The key play restores the converged
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
@@ -175,3 +176,71 @@ def test_access_log_names_users_and_holds_no_key(host, testbed_vars, keys, vault
         assert secret not in text
     # The key play above wrote only to its tmp dir, not to the inventory's key file.
     assert vault_view(GROUP_VARS / "caddy_keys.vault.yml")["caddy_user_keys"] == keys
+
+
+def test_dockerd_restart_keeps_streams_in_flight(host, testbed_vars, keys, gateway_verify):
+    """Four streams are in flight through the gateway while dockerd restarts (live-restore on). Each must
+    end as a whole answer ([DONE] after every token) or with an error event; none may just stop. The
+    engine's core process is paused (SIGSTOP) from before the streams open until dockerd is back, so no
+    stream can finish before the restart. The engine container itself is the same one afterwards.
+
+    Measured before dockerd's userland proxy was turned off: every stream cut at the restart (docker-proxy
+    exits with dockerd and takes its connections with it): 4 of 4 ended "incomplete chunked read", with
+    neither [DONE] nor an error event."""
+    url = base_url(testbed_vars) + "/chat/completions"
+    tokens = 64
+    opened = threading.Semaphore(0)
+    endings: list[dict] = []
+    lock = threading.Lock()
+
+    def stream(key: str) -> None:
+        body = {"model": "tiny", "stream": True, "max_tokens": tokens, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Count."}]}
+        ending: dict[str, Any] = {"status": None, "chunks": 0, "finish": None, "done": False, "error": None, "cut": None}
+        try:
+            with httpx.Client(verify=gateway_verify, timeout=120) as client, \
+                    client.stream("POST", url, json=body, headers={"Authorization": f"Bearer {key}"}) as response:
+                ending["status"] = response.status_code
+                opened.release()
+                for line in response.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        ending["done"] = True
+                        continue
+                    event = json.loads(line[len("data: "):])
+                    if "error" in event:
+                        ending["error"] = event["error"]
+                    elif event.get("choices"):
+                        ending["chunks"] += 1
+                        ending["finish"] = event["choices"][0].get("finish_reason") or ending["finish"]
+        except httpx.HTTPError as err:
+            ending["cut"] = repr(err)
+        finally:
+            opened.release()
+            with lock:
+                endings.append(ending)
+
+    engine_before = engine_identity(host)
+    streams = [threading.Thread(target=stream, args=(keys["alice"],), daemon=True) for _ in range(4)]
+    BOX.check_output("pkill -STOP -f '^VLLM::EngineCore'")
+    try:
+        for thread in streams:
+            thread.start()
+        for _ in streams:
+            assert opened.acquire(timeout=120), "a stream did not open"
+        started = time.monotonic()
+        host.run_expect([0], "systemctl restart docker")
+        restart_s = time.monotonic() - started
+        assert host.service("docker").is_running
+    finally:
+        BOX.check_output("pkill -CONT -f '^VLLM::EngineCore'")
+        for thread in streams:
+            thread.join(timeout=120)
+    print(f"dockerd restart took {restart_s:.1f} s; endings: {endings}")
+    assert len(endings) == 4 and all(e["status"] == 200 for e in endings), endings
+    silent = [e for e in endings if not e["error"] and not (e["done"] and e["finish"] == "length")]
+    assert not silent, f"{len(silent)} of 4 streams stopped without [DONE] or an error event: {silent}"
+    assert engine_identity(host) == engine_before
+    # A new request is served once dockerd is back (its port mapping restored).
+    assert sdk(testbed_vars, keys["bob"], gateway_verify).models.list().data[0].id == "tiny"

@@ -108,6 +108,7 @@ def test_daemon_json_keeps_admin_keys_and_has_nvidia_runtime(host):
     assert cfg["log-driver"] == "json-file"
     assert cfg["log-opts"]["max-size"] == "50m" and cfg["log-opts"]["max-file"] == "5"
     assert cfg["live-restore"] is True
+    assert cfg["userland-proxy"] is False
     assert cfg["insecure-registries"] == ["10.231.0.3:5000"]
     # the toolkit role's key
     assert cfg["runtimes"]["nvidia"] == {"path": "nvidia-container-runtime", "args": []}
