@@ -339,6 +339,9 @@ def bench(result: Any) -> dict[str, Any]:
         "duration_seconds": round(float(result.get("duration") or 0.0), 3),
         "request_throughput": round(float(result.get("request_throughput") or 0.0), 3),
         "output_throughput": round(float(result.get("output_throughput") or 0.0), 2),
+        # requests/s that met every --goodput objective (the targets); None when none were given
+        "request_goodput": None if result.get("request_goodput") is None
+        else round(float(result["request_goodput"]), 3),
     }
     for metric in ("ttft", "tpot", "itl", "e2el"):
         summary[f"{metric}_seconds"] = {"median": _ms_to_s(result, f"median_{metric}_ms"),
@@ -359,6 +362,60 @@ def bench_run(concurrency: int, result: Any, metrics_before: str, metrics_after:
     return {"concurrency": int(concurrency), "bench": bench(result),
             "queue": queue(metrics_before, metrics_after, threshold_seconds),
             "waiting_after": shared("teamserve_prometheus").value(metrics_after, "vllm:num_requests_waiting")}
+
+
+# Gauges sampled while a bench runs (vLLM 0.32 vllm/v1/metrics/loggers.py): KV cache used (a fraction
+# 0..1 despite the name), requests waiting to be scheduled, requests running.
+ENGINE_GAUGES = {"kv_cache_usage_peak": "vllm:kv_cache_usage_perc", "waiting_peak": "vllm:num_requests_waiting",
+                 "running_peak": "vllm:num_requests_running"}
+
+
+def engine_during(sampled: Any) -> dict[str, Any]:
+    """What the engine's ``/metrics`` said while one bench ran, from ``bench_sampler.py``'s JSON.
+
+    Returns the peaks of :data:`ENGINE_GAUGES` over the samples (None when no sample had them), and from the
+    counters' difference between the scrapes before and after: ``prefix_cache_hit_rate`` (prompt tokens
+    found in the prefix cache / prompt tokens looked up; None when none were looked up), ``preemptions``
+    (sequences evicted to make room: a KV cache too small for the batch), ``samples``, ``scrape_errors`` and
+    ``seconds`` (the bench's wall time). Raises AnsibleFilterError when ``sampled`` is not such a JSON.
+    """
+    if not isinstance(sampled, Mapping) or "samples" not in sampled or "before" not in sampled:
+        raise AnsibleFilterError("not bench_sampler.py's output (no 'samples' and 'before')")
+    prom = shared("teamserve_prometheus")
+    samples = [s for s in sampled["samples"] if isinstance(s, Mapping)]
+    out: dict[str, Any] = {}
+    for key, name in ENGINE_GAUGES.items():
+        values = [v for v in (prom.value(s["lines"], name) for s in samples if "lines" in s) if v is not None]
+        out[key] = (round(max(values), 4) if key == "kv_cache_usage_peak" else int(max(values))) if values else None
+
+    def delta(name: str) -> float | None:
+        first, last = prom.value(sampled["before"], name), prom.value(sampled.get("after") or "", name)
+        return None if first is None or last is None else last - first
+
+    hits, queries = delta("vllm:prefix_cache_hits_total"), delta("vllm:prefix_cache_queries_total")
+    preemptions = delta("vllm:num_preemptions_total")
+    out.update({"prefix_cache_hit_rate": round(hits / queries, 4) if hits is not None and queries else None,
+                "preemptions": None if preemptions is None else int(preemptions),
+                "samples": sum(1 for s in samples if "lines" in s),
+                "scrape_errors": sum(1 for s in samples if "error" in s),
+                "seconds": sampled.get("seconds")})
+    return out
+
+
+def bench_step(concurrency: int, result: Any, sampled: Any, threshold_seconds: float | None) -> dict[str, Any]:
+    """One bench run with the engine's view of it: :func:`bench_run` from the sampler's scrapes before and
+    after, plus ``engine`` (:func:`engine_during`) and, from a ``--save-detailed`` result, ``input_lens``
+    and ``output_lens`` (tokens per request)."""
+    if not isinstance(sampled, Mapping) or "before" not in sampled:
+        raise AnsibleFilterError("not bench_sampler.py's output (no 'before')")
+    if not sampled.get("after"):
+        raise AnsibleFilterError("the engine's /metrics did not answer after the bench: did the engine stop?")
+    run = bench_run(concurrency, result, sampled["before"], sampled["after"], threshold_seconds)
+    run["engine"] = engine_during(sampled)
+    for key in ("input_lens", "output_lens"):
+        if isinstance(result.get(key), list):
+            run[key] = [int(v) for v in result[key]]
+    return run
 
 
 def check_targets(runs: Any, workload: Any) -> Record:
@@ -518,6 +575,28 @@ def check_cold_start(enabled: bool, result: Any) -> Record:
 
 # --- check 8 ---------------------------------------------------------------------------------------------
 
+def _prompt_lines(text: str, source: str, example: str) -> list[tuple[str, dict[str, Any]]]:
+    """The JSON objects of a JSON Lines file that each carry a non-empty ``prompt``, with where each was.
+
+    Blank lines and ``#`` lines are skipped. Raises AnsibleFilterError naming ``source``, the line and
+    ``example`` (the expected shape) for invalid JSON or a missing/empty ``prompt``.
+    """
+    items: list[tuple[str, dict[str, Any]]] = []
+    for number, line in enumerate(str(text).splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{source} line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise AnsibleFilterError(f"{where} is not JSON ({err.msg}); each line must be one object like "
+                                     f"{example}") from err
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
+            raise AnsibleFilterError(f"{where}: 'prompt' must be a non-empty string, got {line.strip()[:80]!r}")
+        items.append((where, item))
+    return items
+
+
 def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[dict[str, Any]]:
     """Parse an evaluation set: JSON Lines of ``{"prompt": str, "expected": str (optional)}``.
 
@@ -527,17 +606,7 @@ def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[di
     """
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for number, line in enumerate(str(text).splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        where = f"{source} line {number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise AnsibleFilterError(f"{where} is not JSON ({err.msg}); each line must be one object like "
-                                     '{"prompt": "...", "expected": "..."}') from err
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
-            raise AnsibleFilterError(f"{where}: 'prompt' must be a non-empty string, got {line.strip()[:80]!r}")
+    for where, item in _prompt_lines(text, source, '{"prompt": "...", "expected": "..."}'):
         if "expected" in item and not isinstance(item["expected"], str):
             raise AnsibleFilterError(f"{where}: 'expected' must be a string when present, got "
                                      f"{type(item['expected']).__name__}")
@@ -549,6 +618,17 @@ def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[di
         raise AnsibleFilterError(f"{source} holds no prompts; add JSON lines like "
                                  '{"prompt": "What is 2+2?", "expected": "4"}')
     return items
+
+
+def sweep_prompts(text: str, source: str = "teamserve_verify_sweep_prompts_file") -> str:
+    """The admin's prompts as ``vllm bench serve --dataset-name custom`` reads them: one ``{"prompt": ...}``
+    per line and nothing else (its pandas reader takes no comments or blank lines). Raises
+    AnsibleFilterError naming the line for a bad one, or when there is no prompt."""
+    lines = [json.dumps({"prompt": item["prompt"]}) for _, item in _prompt_lines(text, source, '{"prompt": "..."}')]
+    if not lines:
+        raise AnsibleFilterError(f"{source} holds no prompts; add JSON lines like "
+                                 '{"prompt": "Summarise this contract: ..."}')
+    return "\n".join(lines) + "\n"
 
 
 def eval_answers(results: Any) -> list[dict[str, Any]]:
@@ -686,11 +766,167 @@ def merge(results: Any, new: Any) -> list[Record]:
     return [r for r in results or [] if r["id"] not in ids] + added
 
 
+# --- the capacity sweep (playbooks/sweep.yml) and the upgrade's gate ---------------------------------------
+
+def _sweep() -> ModuleType:
+    """teamserve_capacity.sweep, the sweep's arithmetic (the project's planner package, in the venv)."""
+    try:
+        from teamserve_capacity import sweep
+    except ImportError as err:  # pragma: no cover - depends on the controller's venv
+        raise AnsibleFilterError(f"the teamserve_capacity package is not importable on the controller ({err}); "
+                                 "run `.venv/bin/pip install --no-deps -e .` in the repository") from err
+    return sweep
+
+
+def sweep_inputs(plan: Any, workload: Any, model: Any, settings: Any) -> dict[str, Any]:
+    """What the sweep runs, from the plan and the role's settings (``teamserve_verify_sweep_*``, keys without
+    the prefix): ``steps`` (concurrencies), ``bound``, ``targets`` (seconds, and where they came from),
+    ``points`` (the plan's numbers the knee is compared with), ``input_tokens``/``output_tokens``,
+    ``tokenizer`` and ``args`` (the ``vllm bench serve`` dataset arguments; ``plain_args`` too when a shared
+    prefix is asked for: the same prompt length without it, for the prefix cache's A/B).
+
+    ``bound`` 0 is 4 x the plan's ``--max-num-seqs``: the engine queues up to ``--max-num-queued-reqs`` (4 x
+    max-num-seqs in the plan) beyond the batch, so 4 x stays below the point where it answers 503. Targets 0
+    are ``vllm_workload``'s. Raises AnsibleFilterError naming the setting when a value cannot work.
+    """
+    sweep = _sweep()
+    s = dict(settings or {})
+    points = sweep.plan_points(plan)
+    output_tokens = int(s.get("output_tokens") or 0)
+    base = bench_inputs(plan, workload, model, int(s.get("input_tokens") or 0), output_tokens)
+    bound = int(s.get("bound") or 0) or 4 * points["max_num_seqs"]
+    given = [int(c) for c in s.get("concurrencies") or []]
+    if any(c < 1 for c in given):
+        raise AnsibleFilterError(f"teamserve_verify_sweep_concurrencies={given}: every step must be >= 1 request")
+    steps = sorted(set(given)) if given else sweep.steps(points["concurrent_sequences"], points["max_num_seqs"], bound)
+    targets = {"ttft_seconds": float(s.get("ttft_p95_seconds") or workload["ttft_p95_seconds"]),
+               "tpot_seconds": float(s.get("tpot_seconds") or workload["tpot_seconds"])}
+    source = ("teamserve_verify_sweep_* (a what-if)" if s.get("ttft_p95_seconds") or s.get("tpot_seconds")
+              else "vllm_workload")
+    prefix = int(s.get("shared_prefix_tokens") or 0)
+    prompts_file = str(s.get("prompts_file") or "")
+    if prompts_file:
+        if prefix:
+            raise AnsibleFilterError("teamserve_verify_sweep_shared_prefix_tokens applies to random prompts; with "
+                                     "teamserve_verify_sweep_prompts_file the prompts are yours as they are: set one")
+        args = ["--dataset-name=custom", f"--dataset-path={prompts_file}", f"--custom-output-len={output_tokens}"]
+        if s.get("api_endpoint") == "/v1/completions":
+            args.append("--skip-chat-template")  # a completions-only model has no chat template to apply
+        dataset = "file"
+    else:
+        if prefix >= base["input_tokens"]:
+            raise AnsibleFilterError(
+                f"teamserve_verify_sweep_shared_prefix_tokens={prefix} leaves no random part in a "
+                f"{base['input_tokens']}-token prompt; lower it below the prompt length")
+        args = ["--dataset-name=random", f"--random-input-len={base['input_tokens'] - prefix}",
+                f"--random-output-len={output_tokens}", "--random-range-ratio=0"]
+        dataset = "random"
+    plain = list(args)
+    if prefix:
+        args.append(f"--random-prefix-len={prefix}")
+        plain[1] = f"--random-input-len={base['input_tokens']}"
+    goodput = ["--goodput", f"ttft:{targets['ttft_seconds'] * 1000:g}", f"tpot:{targets['tpot_seconds'] * 1000:g}"]
+    return {"steps": steps, "bound": bound, "targets": targets, "targets_source": source, "points": points,
+            "input_tokens": base["input_tokens"], "output_tokens": output_tokens, "tokenizer": base["tokenizer"],
+            "dataset": dataset, "shared_prefix_tokens": prefix,
+            "args": args + ["--ignore-eos", "--save-detailed"] + goodput,
+            "plain_args": plain + ["--ignore-eos", "--save-detailed"] + goodput if prefix else None,
+            "rounds": int(s.get("rounds") or 1), "min_prompts": int(s.get("min_prompts") or 1)}
+
+
+def sweep_step(run: Any) -> dict[str, Any]:
+    """One :func:`bench_step` run as the sweep keeps it (flat, seconds and tokens; see teamserve_capacity.sweep)."""
+    b, q, e = run["bench"], run["queue"], run.get("engine") or {}
+    return {"concurrency": int(run["concurrency"]), "prompts": b["num_prompts"], "completed": b["completed"],
+            "failed": b["failed"], "duration_seconds": b["duration_seconds"],
+            **{f"{m}_seconds": b[f"{m}_seconds"] for m in ("ttft", "tpot", "itl", "e2el")},
+            "request_throughput": b["request_throughput"], "output_throughput": b["output_throughput"],
+            "request_goodput": b.get("request_goodput"), "queue_peak": e.get("waiting_peak"),
+            "queued": q["queued"], "mean_queue_wait_seconds": q["mean_wait_seconds"],
+            "kv_cache_usage_peak": e.get("kv_cache_usage_peak"), "running_peak": e.get("running_peak"),
+            "prefix_cache_hit_rate": e.get("prefix_cache_hit_rate"), "preemptions": e.get("preemptions"),
+            "samples": e.get("samples"), "errors": b["errors"],
+            "input_lens": run.get("input_lens") or [], "output_lens": run.get("output_lens") or []}
+
+
+def sweep_stop(run: Any, inputs: Any) -> str:
+    """Why the sweep stops after this :func:`bench_step` run, or "" to go on (teamserve_capacity.sweep.stop_after)."""
+    reason: str = _sweep().stop_after(sweep_step(run), inputs["targets"], inputs["points"]["concurrent_sequences"],
+                                      inputs["bound"])
+    return reason
+
+
+def sweep_document(runs: Any, inputs: Any, meta: Any, plain_run: Any = None) -> dict[str, Any]:
+    """The sweep's JSON: ``meta`` (host, at, versions, pins, settings) + the steps, the targets, the plan's
+    points, the knees, the recommendation, the context against the plan, the prefix cache's A/B (when
+    ``plain_run`` is given: the same concurrency without the shared prefix) and the report lines."""
+    sweep = _sweep()
+    steps = [sweep_step(r) for r in runs or []]
+    document: dict[str, Any] = {**dict(meta or {}), "steps": steps, "targets": dict(inputs["targets"]),
+                                "targets_source": inputs["targets_source"], "plan": dict(inputs["points"]),
+                                "settings": {k: inputs[k] for k in ("dataset", "input_tokens", "output_tokens",
+                                                                    "shared_prefix_tokens", "bound", "rounds",
+                                                                    "min_prompts", "args")},
+                                **sweep.analyse(steps, inputs["targets"], inputs["points"])}
+    document["prefix_cache"] = None
+    if plain_run:
+        plain = sweep_step(plain_run)
+        shared = next((s for s in steps if s["concurrency"] == plain["concurrency"]), None)
+        if shared:
+            document["prefix_cache"] = {**sweep.prefix_win(shared, plain), "plain_step": plain}
+    document["report"] = sweep.report(document)
+    return document
+
+
+def sweep_history(document: Any) -> dict[str, Any]:
+    """One line of the box's sweep history: the document without its per-request lists and report."""
+    line = {k: v for k, v in dict(document).items() if k not in ("report", "table")}
+    line["steps"] = [{k: v for k, v in s.items() if k not in ("input_lens", "output_lens")} for s in line["steps"]]
+    if line.get("prefix_cache"):
+        line["prefix_cache"] = {k: v for k, v in line["prefix_cache"].items() if k != "plain_step"}
+    for percentile in list((line.get("knee") or {}).keys()):
+        line["knee"][percentile] = {k: v for k, v in line["knee"][percentile].items() if k != "fitted"}
+    return line
+
+
+def sweep_baseline(history: Any, pins: Any) -> dict[str, Any] | None:
+    """The newest full sweep in the box's history (JSON lines) made with ``pins`` (the box's recorded pins),
+    with a p95 knee; None when there is none (the gate then has nothing to compare with)."""
+    for text in reversed(str(history or "").splitlines()):
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if (line.get("kind") == "sweep" and line.get("pins") == pins
+                and (line.get("knee") or {}).get("p95", {}).get("concurrency")):
+            return dict(line)
+    return None
+
+
+def sweep_gate_steps(baseline: Any, margin: float) -> list[int]:
+    """The gate's short sweep for a baseline sweep (teamserve_capacity.sweep.gate_steps on its p95 knee)."""
+    steps: list[int] = _sweep().gate_steps(int(baseline["knee"]["p95"]["concurrency"]), float(margin))
+    return steps
+
+
+def sweep_gate(baseline: Any, runs: Any, margin: float) -> dict[str, Any]:
+    """The upgrade's verdict: the new engine's p95 knee within ``margin`` of the baseline sweep's
+    (teamserve_capacity.sweep.gate), judged against the baseline's own targets."""
+    sweep = _sweep()
+    result: dict[str, Any] = sweep.gate(int(baseline["knee"]["p95"]["concurrency"]), float(margin),
+                                        [sweep_step(r) for r in runs or []], baseline["targets"])
+    result["steps"] = [{k: v for k, v in sweep_step(r).items() if k not in ("input_lens", "output_lens")}
+                       for r in runs or []]
+    return result
+
+
 class FilterModule:
     """Registers the checks as ``teamserve_verify_<function>`` filters."""
 
     def filters(self) -> dict[str, Any]:
         functions = (engine, failed, check_capacity, check_engine, bench_inputs, bench_run, check_targets,
                      check_load, long_prompt_inputs, check_long_prompt, check_limits, check_cold_start,
-                     eval_parse, eval_answers, check_eval, host_addresses, check_outside, table, merge)
+                     eval_parse, eval_answers, check_eval, host_addresses, check_outside, table, merge,
+                     bench_step, sweep_prompts, sweep_inputs, sweep_stop, sweep_document, sweep_history, sweep_baseline,
+                     sweep_gate_steps, sweep_gate)
         return {"teamserve_metric": teamserve_metric, **{f"teamserve_verify_{f.__name__}": f for f in functions}}

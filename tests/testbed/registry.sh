@@ -10,6 +10,7 @@
 #   VLLM_IMAGE_DIGEST=sha256:...          (tag v0.32.0)
 #   VLLM_IMAGE_BROKEN_DIGEST=sha256:...   (tag v0.32.0-broken)
 #   VLLM_IMAGE_REBUILD_DIGEST=sha256:...  (tag v0.32.0-rebuild)
+#   VLLM_IMAGE_SLOW_DIGEST=sha256:...     (tag v0.32.0-slow)
 # The box pulls e.g. 10.231.0.3:5000/vllm/vllm-openai:v0.32.0@sha256:... (the docker role marks
 # 10.231.0.3:5000 as an insecure registry).
 # Usage: registry.sh   (builds the engine images first via engine-image.sh; logs on stderr)
@@ -22,7 +23,7 @@ REGISTRY_IP="${TESTBED_REGISTRY_IP:-10.231.0.3}"
 REGISTRY_PORT=5000
 PUSH_HOST="127.0.0.1:$REGISTRY_PORT"
 REPOSITORY=vllm/vllm-openai
-TAGS=(v0.32.0 v0.32.0-broken v0.32.0-rebuild)
+TAGS=(v0.32.0 v0.32.0-broken v0.32.0-rebuild v0.32.0-slow)
 STORAGE="$TESTBED_CACHE/registry"
 
 # Debian's docker-registry reads /etc/docker/registry/config.yml (package default path). Everything it
@@ -130,6 +131,8 @@ main() {
       echo "VLLM_IMAGE_BROKEN_DIGEST=$digest" >>"$env_tmp"
     elif [[ "$tag" == *-rebuild ]]; then
       echo "VLLM_IMAGE_REBUILD_DIGEST=$digest" >>"$env_tmp"
+    elif [[ "$tag" == *-slow ]]; then
+      echo "VLLM_IMAGE_SLOW_DIGEST=$digest" >>"$env_tmp"
     else
       echo "VLLM_IMAGE_DIGEST=$digest" >>"$env_tmp"
     fi
