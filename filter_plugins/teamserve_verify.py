@@ -82,6 +82,21 @@ def teamserve_metric(text: Any, name: str) -> float | None:
     return value
 
 
+def teamserve_completion_body(prompt: Any, endpoint: str, model: str, params: Any = None) -> dict[str, Any]:
+    """The JSON body of one request to ``endpoint``: ``prompt`` as a completion's ``prompt`` for
+    /v1/completions (a model declared completions-only), else as the user message of a chat completion;
+    ``params`` (temperature, max_tokens, ...) are added as given.
+
+        {{ item.prompt | teamserve_completion_body(vllm_api_endpoint, vllm_model.served_model_name, {'max_tokens': 32}) }}
+    """
+    body: dict[str, Any] = {"model": str(model), **dict(params or {})}
+    if endpoint == "/v1/completions":
+        body["prompt"] = str(prompt)
+    else:
+        body["messages"] = [{"role": "user", "content": str(prompt)}]
+    return body
+
+
 def record(check_id: int, status: str, summary: str, **details: Any) -> Record:
     """A check's record: id, its name, PASS/FAIL/SKIP, a one-line summary, then ``details``."""
     return {"id": check_id, "name": NAMES[check_id], "status": status, "summary": " ".join(summary.split()),
@@ -656,13 +671,17 @@ def _normalise(answer: Any) -> str:
 
 
 def agreement(current: Any, other: Any) -> dict[str, Any]:
-    """Exact-match agreement (whitespace collapsed) of two answer lists keyed by prompt:
-    ``compared``, ``agreed``, ``rate`` (None when no prompt is in both)."""
+    """Exact-match agreement (whitespace collapsed) of two answer lists keyed by prompt: ``compared``,
+    ``agreed``, ``rate`` (None when no prompt is in both) and up to five ``changed`` answers
+    (``{"prompt", "before" (``other``'s), "after" (``current``'s)}``, each cut to 200 characters)."""
     mine = {item["prompt"]: _normalise(item.get("answer")) for item in current or []}
     theirs = {item["prompt"]: _normalise(item.get("answer")) for item in other or []}
     common = sorted(set(mine) & set(theirs))
     agreed = sum(1 for prompt in common if mine[prompt] == theirs[prompt])
-    return {"compared": len(common), "agreed": agreed, "rate": round(agreed / len(common), 4) if common else None}
+    changed = [{"prompt": p[:120], "before": theirs[p][:200], "after": mine[p][:200]}
+               for p in common if mine[p] != theirs[p]]
+    return {"compared": len(common), "agreed": agreed, "rate": round(agreed / len(common), 4) if common else None,
+            "changed": changed[:5]}
 
 
 def check_eval(answers: Any, kv_cache_dtype: str, others: Any, min_agreement: float, answers_file: str) -> Record:
@@ -826,12 +845,15 @@ def sweep_inputs(plan: Any, workload: Any, model: Any, settings: Any) -> dict[st
         args.append(f"--random-prefix-len={prefix}")
         plain[1] = f"--random-input-len={base['input_tokens']}"
     goodput = ["--goodput", f"ttft:{targets['ttft_seconds'] * 1000:g}", f"tpot:{targets['tpot_seconds'] * 1000:g}"]
+    # one request before each step's measurement: the first after an idle engine is the slowest of a step
+    # (1.28 s against 0.035 s at p95 on the testbed), which at small steps is the whole p95
+    common = ["--ignore-eos", "--save-detailed", "--num-warmups=1"]
     return {"steps": steps, "bound": bound, "targets": targets, "targets_source": source, "points": points,
             "input_tokens": base["input_tokens"], "output_tokens": output_tokens, "tokenizer": base["tokenizer"],
             "dataset": dataset, "shared_prefix_tokens": prefix,
-            "args": args + ["--ignore-eos", "--save-detailed"] + goodput,
-            "plain_args": plain + ["--ignore-eos", "--save-detailed"] + goodput if prefix else None,
-            "rounds": int(s.get("rounds") or 1), "min_prompts": int(s.get("min_prompts") or 1)}
+            "args": args + common + goodput, "plain_args": plain + common + goodput if prefix else None,
+            "rounds": int(s.get("rounds") or 1), "min_prompts": int(s.get("min_prompts") or 1),
+            "attempts": int(s.get("attempts") or 1)}
 
 
 def sweep_step(run: Any) -> dict[str, Any]:
@@ -845,8 +867,23 @@ def sweep_step(run: Any) -> dict[str, Any]:
             "queued": q["queued"], "mean_queue_wait_seconds": q["mean_wait_seconds"],
             "kv_cache_usage_peak": e.get("kv_cache_usage_peak"), "running_peak": e.get("running_peak"),
             "prefix_cache_hit_rate": e.get("prefix_cache_hit_rate"), "preemptions": e.get("preemptions"),
-            "samples": e.get("samples"), "errors": b["errors"],
+            "samples": e.get("samples"), "errors": b["errors"], "attempt": int(run.get("attempt") or 1),
+            "earlier": list(run.get("earlier") or []),
             "input_lens": run.get("input_lens") or [], "output_lens": run.get("output_lens") or []}
+
+
+def sweep_summary(run: Any) -> dict[str, Any]:
+    """A :func:`bench_step` run in a few numbers (a measurement a repeat replaced): concurrency, TTFT and
+    TPOT p95 (s), completed and failed requests."""
+    b = run["bench"]
+    return {"concurrency": int(run["concurrency"]), "ttft_p95_seconds": b["ttft_seconds"]["p95"],
+            "tpot_p95_seconds": b["tpot_seconds"]["p95"], "completed": b["completed"], "failed": b["failed"]}
+
+
+def sweep_meets(run: Any, targets: Any) -> bool:
+    """Whether one :func:`bench_step` run met both p95 ``targets`` with every request served."""
+    met: bool = _sweep().meets(sweep_step(run), targets, "p95")
+    return met
 
 
 def sweep_stop(run: Any, inputs: Any) -> str:
@@ -866,7 +903,7 @@ def sweep_document(runs: Any, inputs: Any, meta: Any, plain_run: Any = None) -> 
                                 "targets_source": inputs["targets_source"], "plan": dict(inputs["points"]),
                                 "settings": {k: inputs[k] for k in ("dataset", "input_tokens", "output_tokens",
                                                                     "shared_prefix_tokens", "bound", "rounds",
-                                                                    "min_prompts", "args")},
+                                                                    "min_prompts", "attempts", "args")},
                                 **sweep.analyse(steps, inputs["targets"], inputs["points"])}
     document["prefix_cache"] = None
     if plain_run:
@@ -926,7 +963,8 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         functions = (engine, failed, check_capacity, check_engine, bench_inputs, bench_run, check_targets,
                      check_load, long_prompt_inputs, check_long_prompt, check_limits, check_cold_start,
-                     eval_parse, eval_answers, check_eval, host_addresses, check_outside, table, merge,
-                     bench_step, sweep_prompts, sweep_inputs, sweep_stop, sweep_document, sweep_history, sweep_baseline,
+                     eval_parse, eval_answers, agreement, check_eval, host_addresses, check_outside, table, merge,
+                     bench_step, sweep_prompts, sweep_inputs, sweep_summary, sweep_meets, sweep_stop, sweep_document, sweep_history, sweep_baseline,
                      sweep_gate_steps, sweep_gate)
-        return {"teamserve_metric": teamserve_metric, **{f"teamserve_verify_{f.__name__}": f for f in functions}}
+        return {"teamserve_metric": teamserve_metric, "teamserve_completion_body": teamserve_completion_body,
+                **{f"teamserve_verify_{f.__name__}": f for f in functions}}

@@ -96,8 +96,9 @@ def knee(sweep_steps: Sequence[Mapping[str, Any]], targets: Mapping[str, float],
     requests, so a failure is never noise. A step missing a measurement counts as infinitely slow.
     Returns ``{"percentile", "concurrency" (None when even the lowest step broke), "first_break" (the
     lowest step above the knee, None when none broke), "broke_on" (what broke there: "ttft", "tpot",
-    "failed"), "never_broke" (the knee is only a lower bound), "noisy" (steps whose measurement broke the
-    monotone order), "fitted" ({metric: [seconds per step]})}``.
+    "failed"), "never_broke" (the knee is only a lower bound), "noisy" (steps whose verdict the monotone fit
+    turned: measured over a target and fitted under it, or the other way), "fitted" ({metric: [seconds per
+    step]})}``.
     """
     ordered = sorted(sweep_steps, key=lambda s: int(s["concurrency"]))
     concurrencies = [int(s["concurrency"]) for s in ordered]
@@ -108,7 +109,8 @@ def knee(sweep_steps: Sequence[Mapping[str, Any]], targets: Mapping[str, float],
         values = [math.inf if v is None else float(v) for v in raw]
         finite = [v if math.isfinite(v) else 1e9 for v in values]
         fitted[metric] = [round(v, 6) for v in isotonic(finite)]
-        noisy |= {c for c, v, f in zip(concurrencies, finite, fitted[metric], strict=True) if abs(v - f) > 1e-9}
+        target = float(targets[metric])
+        noisy |= {c for c, v, f in zip(concurrencies, finite, fitted[metric], strict=True) if (v > target) != (f > target)}
     failed_share = isotonic([int(s.get("failed") or 0) / max(1, int(s.get("failed") or 0) + int(s.get("completed")
                                                                                                    or 0))
                              for s in ordered])
@@ -230,7 +232,7 @@ def context_against_plan(measured: Mapping[str, Any], points: Mapping[str, Any])
     per_seq = max(1, math.ceil(context / block_size))
     at_measured = blocks // per_seq if blocks else None
     ratio = round(context / planned, 2) if planned else None
-    holds = context <= planned
+    holds = round(context) <= planned  # whole tokens: a prompt of 936.3 tokens on average is 936
     verb = "within" if holds else "above"
     summary = (f"mean context {context:,.0f} tokens (prompt {measured['prompt']['mean']:,.0f} + output "
                f"{measured['output']['mean']:,.0f}), {verb} the plan's {planned:,}")
@@ -339,9 +341,9 @@ def analyse(sweep_steps: Sequence[Mapping[str, Any]], targets: Mapping[str, floa
     ``table`` (:func:`table`)."""
     knees = {p: knee(sweep_steps, targets, p) for p in PERCENTILES}
     advice = recommend(knees["p95"], points)
-    near = sorted({knees["p95"]["concurrency"], knees["p95"]["first_break"]} & set(knees["p95"]["noisy"]))
-    if near:
-        advice["summary"] += (f" (the measurements at {', '.join(map(str, near))} concurrent contradict each other: "
+    noisy = knees["p95"]["noisy"]
+    if noisy:
+        advice["summary"] += (f" (the fit overruled the measurement at {', '.join(map(str, noisy))} concurrent: "
                               "sweep again with more prompts per step before changing anything)")
     inputs = [int(v) for s in sweep_steps for v in s.get("input_lens") or []]
     outputs = [int(v) for s in sweep_steps for v in s.get("output_lens") or []]

@@ -34,6 +34,7 @@ PROJECT = pathlib.Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 SCENARIO = pathlib.Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 PIN_OVERLAY = SCENARIO / "host_vars" / "teamserve-box.yml"
 TESTBED_VARS = PROJECT / "inventories" / "testbed" / "group_vars" / "teamserve"
+EVAL_FILE = PROJECT / "tests" / "fixtures" / "eval.jsonl"
 
 
 def generated() -> dict:
@@ -70,6 +71,11 @@ def run_upgrade() -> subprocess.CompletedProcess:
 
 def engine(host) -> dict:
     return json.loads(host.check_output("docker inspect vllm"))[0]
+
+
+def sweeps(host) -> list:
+    content = host.file("/var/lib/teamserve/sweeps.jsonl")
+    return [json.loads(line) for line in content.content_string.splitlines()] if content.exists else []
 
 
 def history(host) -> list:
@@ -122,13 +128,29 @@ def broken_upgrade(host, before, keys) -> dict:
 
 
 @pytest.fixture(scope="module")
-def healthy_upgrade(host, broken_upgrade, keys) -> dict:
-    """Then pin the rebuilt (healthy) image's digest and run the upgrade again."""
+def slow_upgrade(host, broken_upgrade, before) -> dict:
+    """Then pin the engine that serves one sequence at a time: it comes up and answers, and only the
+    capacity gate (against the sweep side_effect.yml recorded) can tell. The eval set is asked too."""
+    digest = generated()["testbed_vllm_image_slow_digest"]
+    assert digest.startswith("sha256:")
+    set_pin(digest, teamserve_upgrade_eval_file=str(EVAL_FILE))
+    started = time.monotonic()
+    try:
+        result = run_upgrade()
+    finally:
+        set_pin(before["pins"]["vllm_image_digest"])
+    return {"result": result, "seconds": time.monotonic() - started, "engine": engine(host),
+            "pins": deployed_pins(host), "history": history(host), "sweeps": sweeps(host)}
+
+
+@pytest.fixture(scope="module")
+def healthy_upgrade(host, slow_upgrade, keys) -> dict:
+    """Then pin the rebuilt (healthy) image's digest and run the upgrade again, with the eval set."""
     digest = generated()["testbed_vllm_image_rebuild_digest"]
     assert digest.startswith("sha256:")
     watcher = GatewayWatcher(keys["bob"])
     watcher.start()
-    set_pin(digest)
+    set_pin(digest, teamserve_upgrade_eval_file=str(EVAL_FILE))
     result = run_upgrade()
     return {"result": result, "digest": digest, "seen": watcher.stop(), "engine": engine(host),
             "pins": deployed_pins(host), "history": history(host)}
@@ -195,6 +217,26 @@ def test_users_were_told_maintenance_then_served(before, broken_upgrade):
     assert (503, str(math.ceil(deploys[-1]))) in health and health[-1][0] == 200, health[-10:]
 
 
+def test_slow_engine_is_rolled_back_by_the_capacity_gate(before, broken_upgrade, slow_upgrade, engine_as_converged):
+    """The slow engine passes the smoke prompts, the request through the gateway and the eval set (same
+    weights, same answers); the gate's lower step (6 concurrent, 75 % of the sweep's knee of 8) misses the
+    sweep's TTFT target, so the upgrade rolls back to the engine before."""
+    result = slow_upgrade["result"]
+    assert result.returncode != 0 and "rolled back" in result.stdout, result.stdout[-3000:]
+    record = slow_upgrade["history"][len(broken_upgrade["history"]):]
+    assert [r["outcome"] for r in record] == ["rolled_back"], record
+    assert record[0]["failed_task"] == "Fail when the knee fell by more than the margin", record[0]
+    assert "capacity gate: the knee fell below 6 concurrent requests (was 8" in record[0]["reason"], record[0]
+    gate = [s for s in slow_upgrade["sweeps"] if s["kind"] == "gate"][-1]
+    assert gate["passed"] is False and [s["concurrency"] for s in gate["steps"]] == [6]  # 8 not run after 6 missed
+    assert gate["steps"][0]["ttft_seconds"]["p95"] > gate["targets"]["ttft_seconds"]
+    assert gate["pins_before"] == before["pins"]
+    assert slow_upgrade["pins"] == before["pins"]
+    assert slow_upgrade["engine"]["Config"]["Image"] == before["engine"]["Config"]["Image"]
+    assert slow_upgrade["engine"]["Config"]["Cmd"] == engine_as_converged["cmd"]
+    print(f"slow upgrade rolled back in {slow_upgrade['seconds']:.0f} s; gate: {gate['summary']}")
+
+
 def test_healthy_upgrade_switches(healthy_upgrade, keys):
     result = healthy_upgrade["result"]
     assert result.returncode == 0, result.stdout[-3000:]
@@ -203,9 +245,12 @@ def test_healthy_upgrade_switches(healthy_upgrade, keys):
     assert stream_through_gateway(keys["alice"])
 
 
-def test_healthy_upgrade_recorded_with_its_cold_start(broken_upgrade, healthy_upgrade, host):
-    new = healthy_upgrade["history"][len(broken_upgrade["history"]):]
+def test_healthy_upgrade_recorded_with_its_cold_start(slow_upgrade, healthy_upgrade, host):
+    new = healthy_upgrade["history"][len(slow_upgrade["history"]):]
     assert [r["outcome"] for r in new] == ["succeeded"]
+    gate, answers = new[0]["sweep_gate"], new[0]["eval"]
+    assert gate["passed"] and gate["previous_knee"] == 8 and "holds" in gate["summary"], gate
+    assert answers["compared"] == answers["agreed"] > 0 and answers["changed"] == [], answers
     assert float(new[0]["seconds_to_health"]) > 0
     load = new[0]["load_test"]
     assert load and load["passed"], load
