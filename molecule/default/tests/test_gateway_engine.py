@@ -165,11 +165,22 @@ def test_issue_and_revoke_leave_the_engine_running(host, testbed_vars, keys, gat
 
 
 def test_access_log_names_users_and_holds_no_key(host, testbed_vars, keys, vault, gateway_verify):
-    sdk(testbed_vars, keys["bob"], gateway_verify).models.list()
+    client = sdk(testbed_vars, keys["bob"], gateway_verify)
+    client.models.list()
+    # A streamed answer read to its end through the official SDK, which hangs up right after [DONE]: such
+    # entries were once logged with duration 0 and no user.
+    stream = client.chat.completions.create(model="tiny", stream=True, max_tokens=32,
+                                            messages=[{"role": "user", "content": "Count."}])
+    assert sum(1 for _ in stream) > 1
     log = host.file("/var/log/caddy/access.log")
     entries = [json.loads(line) for line in log.content_string.splitlines() if line.strip()]
     bob = [e for e in entries if e.get("user") == "bob"]
     assert bob and {"status", "size", "duration"} <= bob[-1].keys()
+    streamed = [e for e in bob if e["request"]["uri"] == "/v1/chat/completions" and e["status"] == 200]
+    assert streamed and streamed[-1]["duration"] > 0 and streamed[-1]["size"] > 0, streamed[-1:]
+    # Every entry names its user but the refusals of a key the gateway does not know.
+    anonymous = [e for e in entries if "user" not in e]
+    assert all(e["status"] in (401, 404) for e in anonymous), [(e["request"]["uri"], e["status"]) for e in anonymous]
     assert all("Authorization" not in e["request"]["headers"] for e in entries)
     text = log.content_string + host.check_output("journalctl -u caddy --no-pager -o cat")
     for secret in list(keys.values()) + [vault["vault_vllm_api_key"]]:
