@@ -61,22 +61,36 @@ def users_play(action: str, name: str, keys_file, users: list) -> None:
 
 class GatewayWatcher(threading.Thread):
     """Asks the gateway for /v1/models and /health every 0.5 s while a playbook changes the engine; keeps
-    (status, error code, Retry-After) of each, in ``seen`` and ``health``."""
+    (status, error code, Retry-After) of each, in ``seen`` and ``health``.
+
+    Caddy closes idle keep-alive connections when it reloads its config (the maintenance switch is a
+    reload; caddyserver/caddy#2466), so a request written to a pooled socket at that instant gets no
+    response at all. Nothing reached the server, and clients retry that case (RFC 9110 section 9.2.2;
+    the OpenAI SDK retries connection errors twice by default), so the watcher does too: once, on a
+    fresh connection. Such retries are counted in ``reconnects``; a second failure is recorded as seen."""
 
     def __init__(self, key: str) -> None:
         super().__init__(daemon=True)
         self.key, self.done = key, threading.Event()
         self.seen: list[tuple[int, str | None, str | None]] = []
         self.health: list[tuple[int, str | None]] = []
+        self.reconnects = 0
+
+    def _get(self, http: httpx.Client, path: str, headers: dict | None = None) -> httpx.Response:
+        try:
+            return http.get(GATEWAY + path, headers=headers)
+        except httpx.RemoteProtocolError:  # the server closed the pooled socket without a response
+            self.reconnects += 1
+            return http.get(GATEWAY + path, headers=headers)  # httpx dropped the closed socket: a new one
 
     def run(self) -> None:
         with httpx.Client(verify=str(GATEWAY_CA), timeout=10) as http:
             while not self.done.is_set():
                 try:
-                    response = http.get(GATEWAY + "/v1/models", headers={"Authorization": f"Bearer {self.key}"})
+                    response = self._get(http, "/v1/models", {"Authorization": f"Bearer {self.key}"})
                     code = response.json().get("error", {}).get("code") if response.status_code != 200 else None
                     self.seen.append((response.status_code, code, response.headers.get("Retry-After")))
-                    health = http.get(GATEWAY + "/health")
+                    health = self._get(http, "/health")
                     self.health.append((health.status_code, health.headers.get("Retry-After")))
                 except (httpx.HTTPError, ValueError) as exc:
                     self.seen.append((0, type(exc).__name__, None))
