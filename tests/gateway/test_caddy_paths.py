@@ -34,25 +34,39 @@ LEFT_TO_THE_ADMIN = {
 }
 
 
-def pinned_routes() -> dict:
-    version = yaml.safe_load((REPO / "inventories/example/group_vars/teamserve/lock.yml").read_text())["vllm_version"]
+def pinned_version() -> str:
+    return yaml.safe_load((REPO / "inventories/example/group_vars/teamserve/lock.yml").read_text())["vllm_version"]
+
+
+# Every release the vllm role has an option snapshot for may be deployed (and upgraded from).
+SUPPORTED = sorted(p.name.removeprefix("vllm-serve-options-").removesuffix(".json")
+                   for p in (REPO / "roles/vllm/files").glob("vllm-serve-options-*.json"))
+
+
+def pinned_routes(version: str) -> dict:
     snapshot = REPO / "roles/vllm/files" / f"vllm-routes-{version}.json"
-    assert snapshot.exists(), (f"no route snapshot for the pinned vLLM {version}: run "
+    assert snapshot.exists(), (f"no route snapshot for vLLM {version}: run "
                                f"`python3 tools/vllm_routes.py --image vllm/vllm-openai:v{version} --write`")
     return json.loads(snapshot.read_text())
 
 
-def server_routes() -> set[str]:
+def server_routes(version: str) -> set[str]:
     """Paths the OpenAI-compatible server declares (KV-connector side servers left out)."""
-    return {r["path"] for r in pinned_routes()["routes"] if r["file"].startswith("vllm/entrypoints/")}
+    return {r["path"] for r in pinned_routes(version)["routes"] if r["file"].startswith("vllm/entrypoints/")}
 
 
-def test_every_default_path_is_a_route_of_the_pinned_vllm():
-    assert set(DEFAULTS["caddy_proxied_paths"]) <= server_routes()
+def test_the_pinned_vllm_is_supported():
+    assert pinned_version() in SUPPORTED
 
 
-def test_every_route_of_the_pinned_vllm_is_sorted():
-    unsorted = server_routes() - set(DEFAULTS["caddy_proxied_paths"]) - set(NEVER) - LEFT_TO_THE_ADMIN
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_every_default_path_is_a_route_of_each_supported_vllm(version):
+    assert set(DEFAULTS["caddy_proxied_paths"]) <= server_routes(version)
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_every_route_of_each_supported_vllm_is_sorted(version):
+    unsorted = server_routes(version) - set(DEFAULTS["caddy_proxied_paths"]) - set(NEVER) - LEFT_TO_THE_ADMIN
     assert not unsorted, f"new engine routes: decide for each whether the gateway may proxy it: {sorted(unsorted)}"
 
 

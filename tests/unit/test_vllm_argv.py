@@ -116,3 +116,43 @@ def test_unpinned_images_are_refused(ref):
 def test_pinned_image_is_split():
     parts = vllm_argv.vllm_image_ref("10.231.0.3:5000/vllm/vllm-openai:v0.32.0@" + DIGEST)
     assert parts == {"repository": "10.231.0.3:5000/vllm/vllm-openai", "tag": "v0.32.0", "digest": DIGEST}
+
+
+@pytest.fixture(scope="module")
+def snapshot_0_31() -> dict:
+    return json.loads((ROLE / "files" / "vllm-serve-options-0.31.0.json").read_text())
+
+
+def test_upgrade_names_a_value_the_running_release_accepted(snapshot, snapshot_0_31):
+    """--mamba-cache-mode all: accepted by 0.31.0 (read from its GPU package), gone in 0.32.0."""
+    with pytest.raises(AnsibleFilterError, match=r"'all' is not one of \[.*\] in vLLM 0.32.0 \(vLLM 0.31.0, which "
+                       r"the box runs, accepted it\)"):
+        vllm_argv.vllm_serve_argv({"mamba-cache-mode": "all"}, "m", snapshot, previous=snapshot_0_31)
+    with pytest.raises(AnsibleFilterError, match=r"vllm_extra_args\[1\]: 'all' .*0.31.0, which the box runs"):
+        vllm_argv.vllm_serve_argv({}, "m", snapshot, ["--mamba-cache-mode", "all"], previous=snapshot_0_31)
+    # Without the running release, the plain refusal.
+    with pytest.raises(AnsibleFilterError) as plain:
+        vllm_argv.vllm_serve_argv({"mamba-cache-mode": "all"}, "m", snapshot)
+    assert "box runs" not in str(plain.value)
+
+
+def test_upgrade_names_a_removed_flag_with_the_old_releases_note(snapshot):
+    """A release that drops a flag it had deprecated: the refusal names the release the box runs and
+    repeats vLLM's note, which names the replacement (0.32.0 says --log-config-file goes in v0.33.0)."""
+    newer = {"vllm_version": "0.33.0",
+             "options": [o for o in snapshot["options"] if o["option"] != "--log-config-file"]}
+    with pytest.raises(AnsibleFilterError) as refused:
+        vllm_argv.vllm_serve_argv({}, "m", newer, ["--log-config-file", "/etc/log.json"], previous=snapshot)
+    message = str(refused.value)
+    assert message.startswith("vllm_extra_args[0]: '--log-config-file' is not an option of 'vllm serve' in vLLM 0.33.0.")
+    assert "vLLM 0.32.0, which the box runs, accepted it: it was removed in 0.33.0" in message
+    assert "Use --logging-config.pylogging_config_file instead" in message and "nothing on the box has changed" in message
+
+
+def test_deprecated_flags_in_use_are_listed_with_vllms_note(snapshot):
+    argv = vllm_argv.vllm_serve_argv({"max-num-seqs": 8}, "m", snapshot, ["--disable-cascade-attn",
+                                                                          "--log-config-file=/etc/l.json"])
+    notes = vllm_argv.vllm_argv_deprecations(argv, snapshot)
+    assert [n.split(":")[0] for n in notes] == ["--disable-cascade-attn", "--log-config-file"]
+    assert "has no effect since cascade attention has been removed" in notes[0]
+    assert vllm_argv.vllm_argv_deprecations(["m", "--max-num-seqs", "8"], snapshot) == []

