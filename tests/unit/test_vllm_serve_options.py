@@ -47,7 +47,7 @@ def test_describe_keeps_vllms_deprecation_notes():
                         "v0.33.0.\n  Use --logging-config.pylogging_config_file instead.")
     old = parser.add_argument("--old-switch", action="store_true")
     parser.add_argument("--max-num-seqs", type=int, help="Maximum number of sequences per iteration.")
-    parser._deprecated = {old}  # type: ignore[attr-defined]
+    parser._deprecated = {old}
     by_option = {o["option"]: o for o in tool.describe(parser)[1]}
     assert by_option["--log-config-file"]["deprecated"] == (
         "--log-config-file is deprecated and will be removed in v0.33.0. Use "
