@@ -650,8 +650,10 @@ def eval_answers(results: Any) -> list[dict[str, Any]]:
     """Answers from the looped ``uri`` results of the eval requests to /v1/chat/completions (the choice's
     ``message.content``) or, for a completions-only model, /v1/completions (the choice's ``text``).
 
-    Returns ``[{"prompt", "expected", "answer"}]`` in order. Raises AnsibleFilterError naming the prompt
-    and the HTTP status when a request did not answer 200 with a choice.
+    Returns ``[{"prompt", "expected", "answer", "prompt_tokens"}]`` in order; ``prompt_tokens`` is the
+    response's ``usage.prompt_tokens`` (the prompt as the engine's chat template and tokenizer rendered it),
+    None when the response has no usage. Raises AnsibleFilterError naming the prompt and the HTTP status
+    when a request did not answer 200 with a choice.
     """
     answers = []
     for result in results or []:
@@ -661,8 +663,10 @@ def eval_answers(results: Any) -> list[dict[str, Any]]:
         if result.get("status") != 200 or not choices:
             raise AnsibleFilterError(f"the eval request for prompt {str(item.get('prompt'))[:60]!r} got HTTP "
                                      f"{result.get('status')} {str(result.get('msg') or '')[:120]}".rstrip())
+        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         answers.append({"prompt": item.get("prompt"), "expected": item.get("expected"),
-                        "answer": (choices[0].get("message") or {}).get("content") or choices[0].get("text") or ""})
+                        "answer": (choices[0].get("message") or {}).get("content") or choices[0].get("text") or "",
+                        "prompt_tokens": usage.get("prompt_tokens")})
     return answers
 
 
@@ -673,15 +677,25 @@ def _normalise(answer: Any) -> str:
 def agreement(current: Any, other: Any) -> dict[str, Any]:
     """Exact-match agreement (whitespace collapsed) of two answer lists keyed by prompt: ``compared``,
     ``agreed``, ``rate`` (None when no prompt is in both) and up to five ``changed`` answers
-    (``{"prompt", "before" (``other``'s), "after" (``current``'s)}``, each cut to 200 characters)."""
+    (``{"prompt", "before" (``other``'s), "after" (``current``'s)}``, each cut to 200 characters).
+
+    Also ``prompt_tokens_changed``: up to five ``{"prompt", "before", "after"}`` whose prompt token counts
+    (see :func:`eval_answers`) differ, and ``prompt_tokens_differ``, how many do: the same messages rendered
+    to a different length means the chat template or the tokenizer changed (a new vLLM release's default
+    template, a changed tokenizer file), which shifts answers for a reason the admin should know.
+    """
     mine = {item["prompt"]: _normalise(item.get("answer")) for item in current or []}
     theirs = {item["prompt"]: _normalise(item.get("answer")) for item in other or []}
     common = sorted(set(mine) & set(theirs))
     agreed = sum(1 for prompt in common if mine[prompt] == theirs[prompt])
     changed = [{"prompt": p[:120], "before": theirs[p][:200], "after": mine[p][:200]}
                for p in common if mine[p] != theirs[p]]
+    tokens_now = {item["prompt"]: item.get("prompt_tokens") for item in current or []}
+    tokens_then = {item["prompt"]: item.get("prompt_tokens") for item in other or []}
+    rendered = [{"prompt": p[:120], "before": tokens_then[p], "after": tokens_now[p]} for p in common
+                if isinstance(tokens_now[p], int) and isinstance(tokens_then[p], int) and tokens_now[p] != tokens_then[p]]
     return {"compared": len(common), "agreed": agreed, "rate": round(agreed / len(common), 4) if common else None,
-            "changed": changed[:5]}
+            "changed": changed[:5], "prompt_tokens_differ": len(rendered), "prompt_tokens_changed": rendered[:5]}
 
 
 def check_eval(answers: Any, kv_cache_dtype: str, others: Any, min_agreement: float, answers_file: str) -> Record:

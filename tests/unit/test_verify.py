@@ -423,14 +423,29 @@ def test_eval_parse_reads_the_example_set_and_names_bad_lines():
 
 def test_eval_answers_refuse_a_failed_request():
     ok = [{"item": {"prompt": "a", "expected": "4"}, "status": 200,
-           "json": {"choices": [{"message": {"role": "assistant", "content": "4"}}]}}]
-    assert checks.eval_answers(ok) == [{"prompt": "a", "expected": "4", "answer": "4"}]
+           "json": {"choices": [{"message": {"role": "assistant", "content": "4"}}],
+                    "usage": {"prompt_tokens": 27, "completion_tokens": 1}}}]
+    assert checks.eval_answers(ok) == [{"prompt": "a", "expected": "4", "answer": "4", "prompt_tokens": 27}]
     # a completions-only model answers /v1/completions: the choice's text
     completion = [{"item": {"prompt": "b"}, "status": 200, "json": {"choices": [{"index": 0, "text": " 4"}]}}]
-    assert checks.eval_answers(completion) == [{"prompt": "b", "expected": None, "answer": " 4"}]
+    assert checks.eval_answers(completion) == [{"prompt": "b", "expected": None, "answer": " 4", "prompt_tokens": None}]
     refused = [{"item": {"prompt": "c"}, "status": 429, "json": data("limited.json")["json"]}]
     with pytest.raises(AnsibleFilterError, match="prompt 'c' got HTTP 429"):
         checks.eval_answers(refused)
+
+
+def test_agreement_tells_a_changed_chat_template_from_changed_answers():
+    """Same answers, but two prompts render to other token counts: the template or tokenizer changed."""
+    before = [{"prompt": "a", "answer": "4", "prompt_tokens": 27}, {"prompt": "b", "answer": "x", "prompt_tokens": 30},
+              {"prompt": "c", "answer": "y", "prompt_tokens": 12}, {"prompt": "d", "answer": "z", "prompt_tokens": None}]
+    after = [{"prompt": "a", "answer": "4", "prompt_tokens": 31}, {"prompt": "b", "answer": "x ", "prompt_tokens": 34},
+             {"prompt": "c", "answer": "w", "prompt_tokens": 12}, {"prompt": "d", "answer": "z", "prompt_tokens": 9}]
+    result = checks.agreement(after, before)
+    assert (result["compared"], result["agreed"], result["rate"]) == (4, 3, 0.75)
+    assert result["changed"] == [{"prompt": "c", "before": "y", "after": "w"}]
+    assert result["prompt_tokens_differ"] == 2  # "d" had no usage before: not compared
+    assert result["prompt_tokens_changed"] == [{"prompt": "a", "before": 27, "after": 31},
+                                               {"prompt": "b", "before": 30, "after": 34}]
 
 
 # --- check 9 ------------------------------------------------------------------------------------------------

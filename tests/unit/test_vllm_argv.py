@@ -126,7 +126,7 @@ def snapshot_0_31() -> dict:
 def test_upgrade_names_a_value_the_running_release_accepted(snapshot, snapshot_0_31):
     """--mamba-cache-mode all: accepted by 0.31.0 (read from its GPU package), gone in 0.32.0."""
     with pytest.raises(AnsibleFilterError, match=r"'all' is not one of \[.*\] in vLLM 0.32.0 \(vLLM 0.31.0, which "
-                       r"the box runs, accepted it\)"):
+                       r"the box runs, accepts it\)"):
         vllm_argv.vllm_serve_argv({"mamba-cache-mode": "all"}, "m", snapshot, previous=snapshot_0_31)
     with pytest.raises(AnsibleFilterError, match=r"vllm_extra_args\[1\]: 'all' .*0.31.0, which the box runs"):
         vllm_argv.vllm_serve_argv({}, "m", snapshot, ["--mamba-cache-mode", "all"], previous=snapshot_0_31)
@@ -145,7 +145,7 @@ def test_upgrade_names_a_removed_flag_with_the_old_releases_note(snapshot):
         vllm_argv.vllm_serve_argv({}, "m", newer, ["--log-config-file", "/etc/log.json"], previous=snapshot)
     message = str(refused.value)
     assert message.startswith("vllm_extra_args[0]: '--log-config-file' is not an option of 'vllm serve' in vLLM 0.33.0.")
-    assert "vLLM 0.32.0, which the box runs, accepted it: it was removed in 0.33.0" in message
+    assert "vLLM 0.32.0, which the box runs, accepts it; 0.33.0 does not" in message
     assert "Use --logging-config.pylogging_config_file instead" in message and "nothing on the box has changed" in message
 
 

@@ -75,7 +75,7 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "value_the_running_release_accepted": ({"vllm_model": LOCAL_MODEL, "vllm_previous_version": "0.31.0",
                                             "vllm_extra_args": ["--mamba-cache-mode", "all"]},
                                            r"vllm_extra_args\[1\]: 'all' is not one of \[.*\] for '--mamba-cache-mode' "
-                                           r"in vLLM 0.32.0 \(vLLM 0.31.0, which the box runs, accepted it\)"),
+                                           r"in vLLM 0.32.0 \(vLLM 0.31.0, which the box runs, accepts it\)"),
     "chat_template_file_missing": ({"vllm_model": LOCAL_MODEL, "vllm_chat_template": "/nonexistent/chat.jinja"},
                                    "vllm_chat_template is '/nonexistent/chat.jinja', and /nonexistent/chat.jinja "
                                    "is not a file on the controller"),

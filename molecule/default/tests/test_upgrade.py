@@ -83,8 +83,13 @@ def history(host) -> list:
     return [json.loads(line) for line in content.content_string.splitlines()] if content.exists else []
 
 
+def deployed(host) -> dict:
+    """The box's record: the pins it runs and the engine plan they were deployed with."""
+    return json.loads(host.file("/var/lib/teamserve/lock.json").content_string)
+
+
 def deployed_pins(host) -> dict:
-    return json.loads(host.file("/var/lib/teamserve/lock.json").content_string)["pins"]
+    return deployed(host)["pins"]
 
 
 def stream_through_gateway(key: str) -> str:
@@ -108,6 +113,7 @@ def before(host, engine_as_converged) -> dict:
     current = engine(host)
     engine_as_converged.setdefault("cmd", current["Config"]["Cmd"])
     return {"engine": current, "pins": deployed_pins(host), "history": history(host),
+            "recorded_engine": deployed(host)["engine"],
             "cold_starts": host.file("/var/lib/teamserve/cold-start.jsonl").content_string}
 
 
@@ -144,7 +150,20 @@ def slow_upgrade(host, broken_upgrade, before) -> dict:
 
 
 @pytest.fixture(scope="module")
-def healthy_upgrade(host, slow_upgrade, keys) -> dict:
+def release_refused(host, slow_upgrade, before) -> dict:
+    """Then pin vLLM 0.31.0 with a flag only 0.32.0 has (--grpc-port): the preflight refuses it."""
+    running = engine(host)
+    set_pin(before["pins"]["vllm_image_digest"], vllm_version="0.31.0", vllm_extra_args=["--grpc-port", "50051"])
+    try:
+        result = run_upgrade()
+    finally:
+        set_pin(before["pins"]["vllm_image_digest"])
+    return {"result": result, "running": running, "engine": engine(host), "pins": deployed_pins(host),
+            "history": history(host)}
+
+
+@pytest.fixture(scope="module")
+def healthy_upgrade(host, release_refused, keys) -> dict:
     """Then pin the rebuilt (healthy) image's digest and run the upgrade again, with the eval set."""
     digest = generated()["testbed_vllm_image_rebuild_digest"]
     assert digest.startswith("sha256:")
@@ -161,6 +180,23 @@ def test_site_recorded_the_pins_it_deployed(before):
     assert before["pins"]["vllm_image_digest"] == generated()["testbed_vllm_image_digest"]
     assert before["pins"]["caddy_version"] == lock["caddy_version"]
     assert before["engine"]["Image"].startswith("sha256:")
+    # The engine plan beside the pins, as the running container was started.
+    recorded = before["recorded_engine"]
+    assert recorded["vllm_version"] == lock["vllm_version"] and recorded["argv"] == before["engine"]["Config"]["Cmd"]
+    assert recorded["kv_tokens"] > 0 and recorded["max_num_seqs"] == int(recorded["argv"][recorded["argv"].index("--max-num-seqs") + 1])
+
+
+def test_a_flag_the_new_release_lacks_stops_the_upgrade_in_preflight(release_refused, slow_upgrade):
+    """Nothing changes: the same container, the same pins, no upgrade recorded."""
+    result = release_refused["result"]
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0, out[-3000:]
+    assert ("vllm_extra_args[0]: '--grpc-port' is not an option of 'vllm serve' in vLLM 0.31.0. vLLM 0.32.0, which "
+            "the box runs, accepts it; 0.31.0 does not.") in out, out[-3000:]
+    assert "Switch the gateway to maintenance" not in result.stdout
+    assert release_refused["engine"]["Id"] == release_refused["running"]["Id"]
+    assert release_refused["engine"]["State"]["StartedAt"] == release_refused["running"]["State"]["StartedAt"]
+    assert release_refused["pins"] == slow_upgrade["pins"] and release_refused["history"] == slow_upgrade["history"]
 
 
 def test_broken_upgrade_fails_and_says_it_rolled_back(broken_upgrade):
@@ -245,17 +281,33 @@ def test_healthy_upgrade_switches(healthy_upgrade, keys):
     assert stream_through_gateway(keys["alice"])
 
 
+def test_healthy_upgrade_shows_the_engine_unchanged(healthy_upgrade):
+    """A new digest of the same release: the same plan and flags, and the upgrade says so."""
+    assert "no change to the engine's plan or flags" in healthy_upgrade["result"].stdout
+
+
 def test_healthy_upgrade_recorded_with_its_cold_start(slow_upgrade, healthy_upgrade, host):
     new = healthy_upgrade["history"][len(slow_upgrade["history"]):]
     assert [r["outcome"] for r in new] == ["succeeded"]
     gate, answers = new[0]["sweep_gate"], new[0]["eval"]
     assert gate["passed"] and gate["previous_knee"] == 8 and "holds" in gate["summary"], gate
     assert answers["compared"] == answers["agreed"] > 0 and answers["changed"] == [], answers
+    assert answers["prompt_tokens_differ"] == 0, answers  # same release: the same chat template
     assert float(new[0]["seconds_to_health"]) > 0
     load = new[0]["load_test"]
     assert load and load["passed"], load
     starts = [json.loads(line) for line in host.file("/var/lib/teamserve/cold-start.jsonl").content_string.splitlines()]
     assert starts[-1]["trigger"] == "deploy" and starts[-1]["image"].endswith(healthy_upgrade["digest"])
+
+
+def test_eval_answers_are_kept_per_engine_version(before, healthy_upgrade, host):
+    """Root-only files named by release and digest, with the pins and each prompt's token count."""
+    for digest in (before["pins"]["vllm_image_digest"], healthy_upgrade["digest"]):
+        kept = host.file(f"/var/lib/teamserve/eval/{before['pins']['vllm_version']}-{digest[7:19]}.json")
+        assert kept.exists and kept.mode == 0o640 and kept.user == "root", digest
+        document = json.loads(kept.content_string)
+        assert document["pins"]["vllm_image_digest"] == digest and document["eval_file"] == EVAL_FILE.name
+        assert document["answers"] and all(a["prompt_tokens"] > 0 for a in document["answers"])
 
 
 def test_second_run_has_nothing_to_upgrade(healthy_upgrade):

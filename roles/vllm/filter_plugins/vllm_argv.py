@@ -59,7 +59,7 @@ def _removed_note(flag: str, previous: Mapping[str, Any] | None, version: str) -
     old = _options_index(previous).get(flag)
     if old is None:
         return ""
-    note = f" vLLM {_release(previous)}, which the box runs, accepted it: it was removed in {version}"
+    note = f" vLLM {_release(previous)}, which the box runs, accepts it; {version} does not"
     if old.get("deprecated"):
         note += f" (vLLM {_release(previous)} said: {old['deprecated']})"
     return note + "."
@@ -69,7 +69,7 @@ def _choice_note(flag: str, value: str, previous: Mapping[str, Any] | None) -> s
     """Say so when the release the box runs accepted ``value`` for ``flag``; "" otherwise."""
     old = _options_index(previous).get(flag) if previous else None
     if old and value in [str(c) for c in old.get("choices") or []]:
-        return f" (vLLM {_release(previous)}, which the box runs, accepted it)"
+        return f" (vLLM {_release(previous)}, which the box runs, accepts it)"
     return ""
 
 
@@ -107,8 +107,8 @@ def vllm_serve_argv(
             removed = _removed_note(flag, previous, version)
             if removed:
                 raise AnsibleFilterError(
-                    f"{source}: '{flag}' is not an option of 'vllm serve' in vLLM {version}.{removed} Remove it, or "
-                    "use the replacement, before upgrading; nothing on the box has changed"
+                    f"{source}: '{flag}' is not an option of 'vllm serve' in vLLM {version}.{removed} Remove it (or use "
+                    "its replacement) before switching releases; nothing on the box has changed"
                 )
             raise AnsibleFilterError(
                 f"{source}: '{flag}' is not an option of 'vllm serve' in vLLM {version}; "
