@@ -11,11 +11,11 @@ from .kv import KVLayout, kv_layout
 from .logs import measured_from_log, parse_startup_log
 from .memory import GIB, MIB
 from .model import ModelSpec, parse_config
-from .planner import PINNED_VLLM, plan
+from .planner import PINNED_VLLM, SUPPORTED_VLLM, plan
 from .weights import checkpoint_total, estimate_params, estimate_weights, quant_from_config
 
 __all__ = [
-    "GIB", "GPU_TABLE", "GPUModel", "MIB", "KVLayout", "ModelSpec", "PINNED_VLLM", "PlanError",
+    "GIB", "GPU_TABLE", "GPUModel", "MIB", "KVLayout", "ModelSpec", "PINNED_VLLM", "PlanError", "SUPPORTED_VLLM",
     "checkpoint_total", "estimate_params", "estimate_weights", "find_gpu", "kv_layout",
     "measured_from_log", "parse_config", "parse_startup_log", "plan", "quant_from_config",
 ]

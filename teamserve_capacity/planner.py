@@ -28,8 +28,14 @@ from .weights import (
     quant_from_config,
 )
 
-# The vLLM release whose accounting this module reproduces.
+# The vLLM release whose accounting this module reproduces (the project's pin).
 PINNED_VLLM = "0.32.0"
+# Releases whose memory accounting was read and found the same as 0.32.0's for every path the planner
+# models (request_memory, memory_profiling, profile_run and the sampler run, the CUDA-graph estimate and
+# capture sizes, page sizes, KV-cache grouping, hybrid block alignment in "align" mode, max concurrency).
+# What differs lies outside the model: 0.31.0's mamba_cache_mode "all" and GLM-5 tensor layout, 0.32.0's
+# externally held weights; docs/vllm-versions.md lists the functions compared.
+SUPPORTED_VLLM = ("0.31.0", "0.32.0")
 
 # --kv-cache-dtype values modelled (vLLM 0.32 vllm/config/cache.py CacheDType).
 KV_CACHE_DTYPES: dict[str, int | None] = {
@@ -339,8 +345,8 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
             bytes from a start-up log (:func:`teamserve_capacity.logs.measured_from_log`),
             e.g. ``weights_bytes`` from "Model loading took X GiB".
     Returns:
-        ``{fits, verdict, levers, advice, table, numbers, flags, layers, admission}``
-        (docs/contracts.md); every byte count is per GPU. ``advice`` is a list
+        ``{fits, verdict, levers, advice, table, numbers, flags, layers, admission,
+        vllm_version}`` (docs/contracts.md; ``vllm_version`` is the release the plan was made for); every byte count is per GPU. ``advice`` is a list
         of ``{id, advice, reason}`` (:mod:`teamserve_capacity.advice`);
         ``admission`` is ``{user_max_inflight}``, the default per-user
         in-flight share in requests (:func:`user_inflight_share`).
@@ -354,10 +360,11 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     fmt = _weight_format(model, spec)
 
     version = str(engine.get("vllm_version", PINNED_VLLM))
-    if version.split(".")[:2] != PINNED_VLLM.split(".")[:2]:
+    if version.split(".")[:2] not in [v.split(".")[:2] for v in SUPPORTED_VLLM]:
         raise PlanError("vllm_engine.vllm_version", version,
-                        f"the planner reproduces vLLM {PINNED_VLLM}'s memory accounting; pin "
-                        f"{PINNED_VLLM} or re-check teamserve_capacity against the new release")
+                        f"the planner reproduces the memory accounting of vLLM {', '.join(SUPPORTED_VLLM)}; "
+                        "pin one of those, or compare the new release's accounting with theirs first "
+                        "(docs/vllm-versions.md)")
     util = engine.get("gpu_memory_utilization", 0.9)
     if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
         raise PlanError("vllm_engine.gpu_memory_utilization", util,
@@ -386,11 +393,11 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     if cap < min_cap:
         raise PlanError("vllm_model.weight_format", fmt,
                         f"{fmt} weights need compute capability >= {min_cap[0]}.{min_cap[1]} "
-                        f"in vLLM {PINNED_VLLM}; this GPU is {cap_text}; choose another format")
+                        f"in vLLM {version}; this GPU is {cap_text}; choose another format")
     kv_support = fp8_kv_support(cap)
     if KV_CACHE_DTYPES[kv_dtype] == 1 and kv_support == "unsupported":
         raise PlanError("vllm_engine.kv_cache_dtype", kv_dtype,
-                        f"fp8 KV cache needs compute capability >= 8.0 with vLLM {PINNED_VLLM}; "
+                        f"fp8 KV cache needs compute capability >= 8.0 with vLLM {version}; "
                         f"this GPU is {cap_text}; use auto")
     if spec.quant_method:
         # vLLM reads quantization_config itself and picks the fastest kernel
@@ -520,6 +527,7 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     from .report import format_table
     admission = {"user_max_inflight": user_inflight_share(flags["max-num-seqs"])}
     result = {"fits": fits, "verdict": verdict, "levers": levers, "advice": advice, "numbers": numbers,
+              "vllm_version": version,
               "flags": flags, "layers": layers, "admission": admission}
     result["table"] = format_table(result)
     return result

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from teamserve_capacity import plan
+from teamserve_capacity import PlanError, plan
 from teamserve_capacity.kv import kv_layout
 from teamserve_capacity.model import CHUNKED, FULL, LINEAR, SLIDING, parse_config
 
@@ -65,6 +65,26 @@ def test_every_fixture_config_plans(name: str) -> None:
     assert result["numbers"]["blocks"] > 0
     assert result["fits"] is True
     json.dumps(result)  # JSON-serialisable for --json and Ansible
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_supported_releases_plan_alike_and_the_plan_names_its_release(name: str) -> None:
+    """0.31.0 accounts for memory as 0.32.0 does on every path the planner models (docs/vllm-versions.md):
+    the same numbers and flags for every fixture model; only the recorded release differs."""
+    model = {"name": name, "config": load_config(name), "weight_bytes": 2 * 1024 ** 3}
+    wl = {"concurrent_sequences": 4, "avg_context_tokens": 2000, "max_context_tokens": 8192}
+    plans = {v: plan(model, wl, [RTX_PRO_6000], dict(ENGINE, vllm_version=v)) for v in ("0.31.0", "0.32.0")}
+    assert plans["0.31.0"]["vllm_version"] == "0.31.0" and plans["0.32.0"]["vllm_version"] == "0.32.0"
+    assert plans["0.31.0"]["numbers"] == plans["0.32.0"]["numbers"]
+    assert plans["0.31.0"]["flags"] == plans["0.32.0"]["flags"]
+
+
+def test_a_release_whose_accounting_was_not_compared_is_refused() -> None:
+    model = {"name": "m", "config": tiny_llama_config(), "weight_bytes": 2 * 1024 ** 3}
+    wl = {"concurrent_sequences": 4, "avg_context_tokens": 500, "max_context_tokens": 2048}
+    with pytest.raises(PlanError) as err:
+        plan(model, wl, [RTX_PRO_6000], dict(ENGINE, vllm_version="0.33.0"))
+    assert err.value.field == "vllm_engine.vllm_version" and "0.31.0, 0.32.0" in str(err.value)
 
 
 def test_mla_stores_one_latent_per_layer() -> None:
