@@ -663,10 +663,11 @@ def eval_answers(results: Any) -> list[dict[str, Any]]:
         if result.get("status") != 200 or not choices:
             raise AnsibleFilterError(f"the eval request for prompt {str(item.get('prompt'))[:60]!r} got HTTP "
                                      f"{result.get('status')} {str(result.get('msg') or '')[:120]}".rstrip())
-        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
+        usage = body.get("usage")
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
         answers.append({"prompt": item.get("prompt"), "expected": item.get("expected"),
                         "answer": (choices[0].get("message") or {}).get("content") or choices[0].get("text") or "",
-                        "prompt_tokens": usage.get("prompt_tokens")})
+                        "prompt_tokens": prompt_tokens})
     return answers
 
 

@@ -10,9 +10,11 @@ Caddyfile byte for byte, so the idempotence of the scenario is not disturbed.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
@@ -49,6 +51,22 @@ def engine_metrics(host) -> dict[str, float]:
             name, value = line.split("{")[0].split(" ")[0], line.rsplit(" ", 1)[1]
             values[name] = values.get(name, 0.0) + float(value)
     return values
+
+
+@contextlib.contextmanager
+def engine_paused_while(threads: list[threading.Thread], opened: threading.Semaphore, what: str) -> Iterator[None]:
+    """Pause vLLM's engine-core process (SIGSTOP), start the client threads and wait until each has opened
+    its stream (released ``opened``), so none can finish before the block acts; SIGCONT when it ends."""
+    # The anchor keeps pkill off the shell that runs it, whose argv holds the pattern too.
+    BOX.check_output("pkill -STOP -f '^VLLM::EngineCore'")
+    try:
+        for thread in threads:
+            thread.start()
+        for _ in threads:
+            assert opened.acquire(timeout=120), f"a {what} did not open"
+        yield
+    finally:
+        BOX.check_output("pkill -CONT -f '^VLLM::EngineCore'")
 
 
 def engine_identity(host) -> tuple:
@@ -110,20 +128,15 @@ def test_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
     before = engine_metrics(BOX)
     holders = [threading.Thread(target=hold, args=(keys["alice" if i % 2 else "bob"],), daemon=True)
                for i in range(cap)]
-    # The anchor keeps pkill off the shell that runs it, whose argv holds the pattern too.
-    BOX.check_output("pkill -STOP -f '^VLLM::EngineCore'")
     try:
-        for thread in holders:
-            thread.start()
-        for _ in holders:
-            assert opened.acquire(timeout=120), "a holding stream did not start"
-        assert not errors, errors
+        with engine_paused_while(holders, opened, "holding stream"):
+            assert not errors, errors
+            hang_up.set()
+            for thread in holders:
+                thread.join(timeout=60)
+            time.sleep(1)  # for the API server to see the hang-ups before the engine runs again
     finally:
         hang_up.set()
-        for thread in holders:
-            thread.join(timeout=60)
-        time.sleep(1)  # for the API server to see the hang-ups before the engine runs again
-        BOX.check_output("pkill -CONT -f '^VLLM::EngineCore'")
     deadline = time.monotonic() + 60
     while True:
         now = engine_metrics(BOX)
@@ -234,18 +247,13 @@ def test_dockerd_restart_keeps_streams_in_flight(host, testbed_vars, keys, gatew
 
     engine_before = engine_identity(host)
     streams = [threading.Thread(target=stream, args=(keys["alice"],), daemon=True) for _ in range(4)]
-    BOX.check_output("pkill -STOP -f '^VLLM::EngineCore'")
     try:
-        for thread in streams:
-            thread.start()
-        for _ in streams:
-            assert opened.acquire(timeout=120), "a stream did not open"
-        started = time.monotonic()
-        host.run_expect([0], "systemctl restart docker")
-        restart_s = time.monotonic() - started
-        assert host.service("docker").is_running
+        with engine_paused_while(streams, opened, "stream"):
+            started = time.monotonic()
+            host.run_expect([0], "systemctl restart docker")
+            restart_s = time.monotonic() - started
+            assert host.service("docker").is_running
     finally:
-        BOX.check_output("pkill -CONT -f '^VLLM::EngineCore'")
         for thread in streams:
             thread.join(timeout=120)
     print(f"dockerd restart took {restart_s:.1f} s; endings: {endings}")
