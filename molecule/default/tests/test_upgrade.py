@@ -14,6 +14,7 @@ deployed, which test_vllm_engine.py's changed-flag test leaves changed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -103,6 +104,15 @@ def stream_through_gateway(key: str) -> str:
     return "".join(parts)
 
 
+def upgrade_filters():
+    """The upgrade role's filters, as the playbook loads them."""
+    path = PROJECT / "roles" / "teamserve_upgrade" / "filter_plugins" / "teamserve_upgrade.py"
+    spec = importlib.util.spec_from_file_location("teamserve_upgrade_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def history_of_starts(state: dict) -> list:
     return [json.loads(line) for line in state["cold_starts"].splitlines()]
 
@@ -170,9 +180,11 @@ def healthy_upgrade(host, release_refused, keys) -> dict:
     watcher = GatewayWatcher(keys["bob"])
     watcher.start()
     set_pin(digest, teamserve_upgrade_eval_file=str(EVAL_FILE))
+    recorded_before = deployed(host)["engine"]
     result = run_upgrade()
     return {"result": result, "digest": digest, "seen": watcher.stop(), "engine": engine(host),
-            "pins": deployed_pins(host), "history": history(host)}
+            "pins": deployed_pins(host), "history": history(host),
+            "recorded_before": recorded_before, "recorded_after": deployed(host)["engine"]}
 
 
 def test_site_recorded_the_pins_it_deployed(before):
@@ -281,9 +293,16 @@ def test_healthy_upgrade_switches(healthy_upgrade, keys):
     assert stream_through_gateway(keys["alice"])
 
 
-def test_healthy_upgrade_shows_the_engine_unchanged(healthy_upgrade):
-    """A new digest of the same release: the same plan and flags, and the upgrade says so."""
-    assert "no change to the engine's plan or flags" in healthy_upgrade["result"].stdout
+def test_healthy_upgrade_shows_what_it_changes_in_the_engine(healthy_upgrade):
+    """The upgrade prints the difference between the engine the box recorded and the one the new pins plan.
+    A new digest of the same release plans the same: no release or KV-cache line, at most flags (a site.yml
+    run of the engine tests, with -e vllm_flags, recorded its flags; the rollbacks since re-planned without)."""
+    changes = upgrade_filters().teamserve_engine_changes(healthy_upgrade["recorded_before"],
+                                                         healthy_upgrade["recorded_after"])
+    out = " ".join(healthy_upgrade["result"].stdout.split())
+    assert all(line in out for line in changes), (changes, out[-3000:])
+    assert not [line for line in changes if line.startswith(("vLLM:", "KV cache tokens", "max-num-seqs", "max-model-len"))]
+    assert healthy_upgrade["recorded_after"]["argv"] == healthy_upgrade["engine"]["Config"]["Cmd"]
 
 
 def test_healthy_upgrade_recorded_with_its_cold_start(slow_upgrade, healthy_upgrade, host):
