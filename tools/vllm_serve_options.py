@@ -104,11 +104,6 @@ PARSER_FACTORIES = (
 _RELEASE = re.compile(r"^(\d+\.\d+\.\d+)(\+[A-Za-z0-9.]+)?$")
 
 
-# Set once a wheel is read over the installed vLLM: its version is then the overlaid distribution's, not
-# that of any `vllm` metadata record the image also carries.
-_OVERLAID = False
-
-
 class ToolError(Exception):
     """A failure the user can act on; ``main`` prints it and exits with status 1."""
 
@@ -214,12 +209,14 @@ def overlay_wheel(wheel: Path) -> None:
         raise ToolError(f"{wheel.name} is not a wheel: {exc}") from exc
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
-    global _OVERLAID
-    _OVERLAID = True
 
 
-def snapshot_here(source: str | None, force_cpu: bool) -> dict[str, Any]:
-    """Describe the vLLM installed in this interpreter; output: the JSON object of the module docstring."""
+def snapshot_here(source: str | None, force_cpu: bool, overlaid: bool = False) -> dict[str, Any]:
+    """Describe the vLLM installed in this interpreter; output: the JSON object of the module docstring.
+
+    ``overlaid``: a wheel was read over the installed vLLM (``overlay_wheel``); the version is then that
+    distribution's, not that of any ``vllm`` metadata record the image also carries.
+    """
     from importlib import metadata
 
     dist = vllm_distribution(source)
@@ -237,7 +234,7 @@ def snapshot_here(source: str | None, force_cpu: bool) -> dict[str, Any]:
             "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
             "tool": TOOL_PATH,
         },
-        "vllm_version": dist["version"] if _OVERLAID else metadata.version("vllm"),
+        "vllm_version": dist["version"] if overlaid else metadata.version("vllm"),
         "parser": factory,
         "positionals": positionals,
         "options": options,
@@ -360,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.overlay is not None:
             overlay_wheel(args.overlay)
         snapshot = (snapshot_in_image(args.image, args.source, force_cpu, args.gpus, args.wheel)
-                    if args.image else snapshot_here(args.source, force_cpu))
+                    if args.image else snapshot_here(args.source, force_cpu, args.overlay is not None))
         text = json.dumps(snapshot, indent=1) + "\n"
         target = role_file(snapshot["vllm_version"]) if args.write else args.output
         if target is None:
