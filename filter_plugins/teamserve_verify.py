@@ -18,6 +18,7 @@ from a ``/metrics`` text) is here as well, for the upgrade's drain:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -85,12 +86,17 @@ def teamserve_metric(text: Any, name: str) -> float | None:
 def teamserve_completion_body(prompt: Any, endpoint: str, model: str, params: Any = None) -> dict[str, Any]:
     """The JSON body of one request to ``endpoint``: ``prompt`` as a completion's ``prompt`` for
     /v1/completions (a model declared completions-only), else as the user message of a chat completion;
-    ``params`` (temperature, max_tokens, ...) are added as given.
+    ``params`` (temperature, max_tokens, tools, ...) are added as given. Raises AnsibleFilterError when
+    ``params`` carries ``tools`` for /v1/completions, which has no tool calling.
 
         {{ item.prompt | teamserve_completion_body(vllm_api_endpoint, vllm_model.served_model_name, {'max_tokens': 32}) }}
     """
     body: dict[str, Any] = {"model": str(model), **dict(params or {})}
     if endpoint == "/v1/completions":
+        if "tools" in body:
+            raise AnsibleFilterError(f"prompt {str(prompt)[:60]!r} carries tools, but the model is served on "
+                                     "/v1/completions (declared completions-only), which has no tool calling; "
+                                     "remove 'tools' from that evaluation line")
         body["prompt"] = str(prompt)
     else:
         body["messages"] = [{"role": "user", "content": str(prompt)}]
@@ -612,12 +618,51 @@ def _prompt_lines(text: str, source: str, example: str) -> list[tuple[str, dict[
     return items
 
 
-def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[dict[str, Any]]:
-    """Parse an evaluation set: JSON Lines of ``{"prompt": str, "expected": str (optional)}``.
+_TOOL_CHOICES = ("none", "auto", "required")
 
-    Blank lines and ``#`` lines are skipped. Raises AnsibleFilterError naming the line and the expected
-    shape for invalid JSON, a missing/empty ``prompt``, a non-string ``expected``, a duplicated prompt,
-    or an empty set.
+
+def _tool_request(where: str, item: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``tools`` and ``tool_choice`` of one evaluation line, checked, as request fields (``{}`` without).
+
+    ``tools``: a non-empty list of OpenAI function tools (``{"type": "function", "function": {"name": ...}}``);
+    ``tool_choice`` (only with ``tools``): "none", "auto", "required" or ``{"type": "function", "function":
+    {"name": <one of the tools>}}``. vLLM 0.31 and 0.32 answer any choice but "none" only when the engine
+    runs with --enable-auto-tool-choice and --tool-call-parser (vllm/parser/parser_manager.py); a named
+    function constrains the output to that tool's JSON schema, so it suits an evaluation set best.
+    Raises AnsibleFilterError naming ``where``, the field and the expected shape.
+    """
+    if "tools" not in item:
+        if "tool_choice" in item:
+            raise AnsibleFilterError(f"{where}: 'tool_choice' needs 'tools' on the same line")
+        return {}
+    tools = item["tools"]
+    shape = '[{"type": "function", "function": {"name": "...", "parameters": {...}}}]'
+    if not isinstance(tools, list) or not tools or not all(
+            isinstance(t, Mapping) and t.get("type") == "function" and isinstance(t.get("function"), Mapping)
+            and isinstance(t["function"].get("name"), str) and t["function"]["name"] for t in tools):
+        raise AnsibleFilterError(f"{where}: 'tools' must be a non-empty list of function tools like {shape}, "
+                                 f"got {json.dumps(tools)[:80]}")
+    request: dict[str, Any] = {"tools": tools}
+    if "tool_choice" in item:
+        choice, names = item["tool_choice"], [t["function"]["name"] for t in tools]
+        named = (choice.get("function") or {}).get("name") if isinstance(choice, Mapping) else None
+        if not (choice in _TOOL_CHOICES or (isinstance(choice, Mapping) and choice.get("type") == "function"
+                                             and named in names)):
+            raise AnsibleFilterError(f"{where}: 'tool_choice' must be one of {', '.join(_TOOL_CHOICES)} or "
+                                     f'{{"type": "function", "function": {{"name": one of {names}}}}}, '
+                                     f"got {json.dumps(choice)[:80]}")
+        request["tool_choice"] = choice
+    return request
+
+
+def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[dict[str, Any]]:
+    """Parse an evaluation set: JSON Lines of ``{"prompt": str, "expected": str (optional), "tools": [...]
+    (optional), "tool_choice": ... (optional)}`` (see :func:`_tool_request`).
+
+    Returns ``[{"prompt", "expected", "request"}]``, ``request`` being the extra request fields (tools) or
+    ``{}``. Blank lines and ``#`` lines are skipped. Raises AnsibleFilterError naming the line and the
+    expected shape for invalid JSON, a missing/empty ``prompt``, a non-string ``expected``, malformed
+    tools, a duplicated prompt, or an empty set.
     """
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -628,7 +673,8 @@ def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[di
         if item["prompt"] in seen:
             raise AnsibleFilterError(f"{where}: duplicated prompt {item['prompt'][:60]!r}; answers are keyed by prompt")
         seen.add(item["prompt"])
-        items.append({"prompt": item["prompt"], "expected": item.get("expected")})
+        items.append({"prompt": item["prompt"], "expected": item.get("expected"),
+                      "request": _tool_request(where, item)})
     if not items:
         raise AnsibleFilterError(f"{source} holds no prompts; add JSON lines like "
                                  '{"prompt": "What is 2+2?", "expected": "4"}')
@@ -646,14 +692,30 @@ def sweep_prompts(text: str, source: str = "teamserve_verify_sweep_prompts_file"
     return "\n".join(lines) + "\n"
 
 
+def _tool_calls(message: Any) -> list[dict[str, Any]]:
+    """``[{"name", "arguments"}]`` of a chat message's ``tool_calls``; ``arguments`` parsed from its JSON
+    string (kept as the string when it is not JSON, which is itself a behaviour worth comparing)."""
+    calls: list[dict[str, Any]] = []
+    if not isinstance(message, Mapping):
+        return calls
+    for call in message.get("tool_calls") or []:
+        function = (call.get("function") if isinstance(call, Mapping) else None) or {}
+        arguments = function.get("arguments")
+        with contextlib.suppress(json.JSONDecodeError):
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        calls.append({"name": function.get("name"), "arguments": arguments})
+    return calls
+
+
 def eval_answers(results: Any) -> list[dict[str, Any]]:
     """Answers from the looped ``uri`` results of the eval requests to /v1/chat/completions (the choice's
     ``message.content``) or, for a completions-only model, /v1/completions (the choice's ``text``).
 
-    Returns ``[{"prompt", "expected", "answer", "prompt_tokens"}]`` in order; ``prompt_tokens`` is the
-    response's ``usage.prompt_tokens`` (the prompt as the engine's chat template and tokenizer rendered it),
-    None when the response has no usage. Raises AnsibleFilterError naming the prompt and the HTTP status
-    when a request did not answer 200 with a choice.
+    Returns ``[{"prompt", "expected", "answer", "prompt_tokens", "tool_calls"}]`` in order; ``prompt_tokens``
+    is the response's ``usage.prompt_tokens`` (the prompt as the engine's chat template and tokenizer
+    rendered it), None when the response has no usage; ``tool_calls`` is :func:`_tool_calls` of the message
+    (``[]`` when it called none). Raises AnsibleFilterError naming the prompt and the HTTP status when a
+    request did not answer 200 with a choice.
     """
     answers = []
     for result in results or []:
@@ -665,9 +727,10 @@ def eval_answers(results: Any) -> list[dict[str, Any]]:
                                      f"{result.get('status')} {str(result.get('msg') or '')[:120]}".rstrip())
         usage = body.get("usage")
         prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
+        message = choices[0].get("message") or {}
         answers.append({"prompt": item.get("prompt"), "expected": item.get("expected"),
-                        "answer": (choices[0].get("message") or {}).get("content") or choices[0].get("text") or "",
-                        "prompt_tokens": prompt_tokens})
+                        "answer": message.get("content") or choices[0].get("text") or "",
+                        "prompt_tokens": prompt_tokens, "tool_calls": _tool_calls(message)})
     return answers
 
 
@@ -675,18 +738,31 @@ def _normalise(answer: Any) -> str:
     return " ".join(str(answer if answer is not None else "").split())
 
 
+def _calls(item: Mapping[str, Any]) -> str:
+    """An answer's tool calls as one comparable string (arguments with sorted keys)."""
+    return json.dumps(item.get("tool_calls") or [], sort_keys=True)
+
+
 def agreement(current: Any, other: Any) -> dict[str, Any]:
-    """Exact-match agreement (whitespace collapsed) of two answer lists keyed by prompt: ``compared``,
+    """Exact-match agreement of two answer lists keyed by prompt: an answer agrees when its text
+    (whitespace collapsed) and its tool calls (name and arguments) are the same. Returns ``compared``,
     ``agreed``, ``rate`` (None when no prompt is in both) and up to five ``changed`` answers
     (``{"prompt", "before" (``other``'s), "after" (``current``'s)}``, each cut to 200 characters).
 
     Also ``prompt_tokens_changed``: up to five ``{"prompt", "before", "after"}`` whose prompt token counts
     (see :func:`eval_answers`) differ, and ``prompt_tokens_differ``, how many do: the same messages rendered
     to a different length means the chat template or the tokenizer changed (a new vLLM release's default
-    template, a changed tokenizer file), which shifts answers for a reason the admin should know.
+    template, a changed tokenizer file), which shifts answers for a reason the admin should know. Likewise
+    ``tool_calls_changed`` / ``tool_calls_differ`` for prompts whose tool calls differ: a release that
+    calls another function, with other arguments or no longer at all (answers without ``tool_calls``, kept
+    by an older version of this filter, count as calling none).
     """
-    mine = {item["prompt"]: _normalise(item.get("answer")) for item in current or []}
-    theirs = {item["prompt"]: _normalise(item.get("answer")) for item in other or []}
+    def text(item: Mapping[str, Any]) -> str:
+        calls = _calls(item)
+        return _normalise(item.get("answer")) + ("" if calls == "[]" else " tool_calls=" + calls)
+
+    mine = {item["prompt"]: text(item) for item in current or []}
+    theirs = {item["prompt"]: text(item) for item in other or []}
     common = sorted(set(mine) & set(theirs))
     agreed = sum(1 for prompt in common if mine[prompt] == theirs[prompt])
     changed = [{"prompt": p[:120], "before": theirs[p][:200], "after": mine[p][:200]}
@@ -695,8 +771,13 @@ def agreement(current: Any, other: Any) -> dict[str, Any]:
     tokens_then = {item["prompt"]: item.get("prompt_tokens") for item in other or []}
     rendered = [{"prompt": p[:120], "before": tokens_then[p], "after": tokens_now[p]} for p in common
                 if isinstance(tokens_now[p], int) and isinstance(tokens_then[p], int) and tokens_now[p] != tokens_then[p]]
+    calls_now = {item["prompt"]: _calls(item) for item in current or []}
+    calls_then = {item["prompt"]: _calls(item) for item in other or []}
+    called = [{"prompt": p[:120], "before": calls_then[p][:200], "after": calls_now[p][:200]} for p in common
+              if calls_now[p] != calls_then[p]]
     return {"compared": len(common), "agreed": agreed, "rate": round(agreed / len(common), 4) if common else None,
-            "changed": changed[:5], "prompt_tokens_differ": len(rendered), "prompt_tokens_changed": rendered[:5]}
+            "changed": changed[:5], "prompt_tokens_differ": len(rendered), "prompt_tokens_changed": rendered[:5],
+            "tool_calls_differ": len(called), "tool_calls_changed": called[:5]}
 
 
 def check_eval(answers: Any, kv_cache_dtype: str, others: Any, min_agreement: float, answers_file: str) -> Record:

@@ -412,7 +412,8 @@ def test_eval_agreement_with_another_kv_cache_dtype():
 
 def test_eval_parse_reads_the_example_set_and_names_bad_lines():
     path = REPO / "tests/fixtures/eval.jsonl"
-    assert len(checks.eval_parse(path.read_text(), str(path))) == 4
+    items = checks.eval_parse(path.read_text(), str(path))
+    assert len(items) == 6 and [bool(i["request"]) for i in items].count(True) == 2
     for bad, message in [('{"prompt": "a"}\nnot json\n', "line 2 is not JSON"),
                          ('{"question": "a"}\n', "'prompt' must be a non-empty string"),
                          ('{"prompt": "a", "expected": 4}\n', "'expected' must be a string"),
@@ -425,10 +426,12 @@ def test_eval_answers_refuse_a_failed_request():
     ok = [{"item": {"prompt": "a", "expected": "4"}, "status": 200,
            "json": {"choices": [{"message": {"role": "assistant", "content": "4"}}],
                     "usage": {"prompt_tokens": 27, "completion_tokens": 1}}}]
-    assert checks.eval_answers(ok) == [{"prompt": "a", "expected": "4", "answer": "4", "prompt_tokens": 27}]
+    assert checks.eval_answers(ok) == [{"prompt": "a", "expected": "4", "answer": "4", "prompt_tokens": 27,
+                                        "tool_calls": []}]
     # a completions-only model answers /v1/completions: the choice's text
     completion = [{"item": {"prompt": "b"}, "status": 200, "json": {"choices": [{"index": 0, "text": " 4"}]}}]
-    assert checks.eval_answers(completion) == [{"prompt": "b", "expected": None, "answer": " 4", "prompt_tokens": None}]
+    assert checks.eval_answers(completion) == [{"prompt": "b", "expected": None, "answer": " 4", "prompt_tokens": None,
+                                                "tool_calls": []}]
     refused = [{"item": {"prompt": "c"}, "status": 429, "json": data("limited.json")["json"]}]
     with pytest.raises(AnsibleFilterError, match="prompt 'c' got HTTP 429"):
         checks.eval_answers(refused)
@@ -446,6 +449,56 @@ def test_agreement_tells_a_changed_chat_template_from_changed_answers():
     assert result["prompt_tokens_differ"] == 2  # "d" had no usage before: not compared
     assert result["prompt_tokens_changed"] == [{"prompt": "a", "before": 27, "after": 31},
                                                {"prompt": "b", "before": 30, "after": 34}]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}, "required": ["city"]}}}
+
+
+def test_eval_parse_keeps_tools_and_names_a_malformed_tool_line():
+    line = {"prompt": "Weather in Paris?", "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    [item] = checks.eval_parse(json.dumps(line), "eval.jsonl")
+    assert item["request"] == {"tools": [WEATHER], "tool_choice": line["tool_choice"]}
+    body = checks.teamserve_completion_body(item["prompt"], "/v1/chat/completions", "m", {"temperature": 0, **item["request"]})
+    assert body["tools"] == [WEATHER] and body["messages"][0]["content"] == "Weather in Paris?"
+    with pytest.raises(AnsibleFilterError, match="no tool calling; remove 'tools'"):
+        checks.teamserve_completion_body(item["prompt"], "/v1/completions", "m", item["request"])
+    for bad, message in [({"tools": []}, "line 1: 'tools' must be a non-empty list of function tools"),
+                         ({"tools": [{"type": "function", "function": {}}]}, "'tools' must be"),
+                         ({"tool_choice": "required"}, "'tool_choice' needs 'tools'"),
+                         ({"tools": [WEATHER], "tool_choice": "always"}, "'tool_choice' must be one of none, auto, required"),
+                         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "book"}}},
+                          r"one of \['get_weather'\]")]:
+        with pytest.raises(AnsibleFilterError, match=message):
+            checks.eval_parse(json.dumps({"prompt": "a", **bad}), "eval.jsonl")
+
+
+def tool_answer(prompt: str, arguments: str, name: str = "get_weather") -> dict:
+    """One looped uri result of a chat completion that called ``name`` with ``arguments`` (vLLM's shape)."""
+    message = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": name, "arguments": arguments}}]}
+    return {"item": {"prompt": prompt}, "status": 200,
+            "json": {"choices": [{"message": message, "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 40}}}
+
+
+def test_agreement_reports_changed_tool_calls():
+    """Arguments are compared as JSON (key order does not matter); another function, other arguments or no
+    call at all count as changed answers and are listed as changed tool calls."""
+    before = checks.eval_answers([tool_answer("a", '{"city": "Paris", "unit": "c"}'), tool_answer("b", '{"city": "Oslo"}'),
+                                  tool_answer("c", '{"city": "Oslo"}'), tool_answer("d", "not json")])
+    assert before[0]["tool_calls"] == [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]
+    assert before[3]["tool_calls"] == [{"name": "get_weather", "arguments": "not json"}]
+    after = checks.eval_answers([tool_answer("a", '{"unit": "c", "city": "Paris"}'), tool_answer("b", '{"city": "Paris"}'),
+                                 tool_answer("c", '{"city": "Oslo"}', name="book_table"),
+                                 {"item": {"prompt": "d"}, "status": 200, "json": {"choices": [{"message": {"content": "Hi"}}]}}])
+    result = checks.agreement(after, before)
+    assert (result["compared"], result["agreed"], result["tool_calls_differ"]) == (4, 1, 3)
+    assert [c["prompt"] for c in result["tool_calls_changed"]] == ["b", "c", "d"]
+    assert result["tool_calls_changed"][2] == {"prompt": "d", "before": '[{"arguments": "not json", "name": "get_weather"}]',
+                                               "after": "[]"}
+    # answers kept before tool calls were recorded compare as calling none
+    assert checks.agreement([{"prompt": "e", "answer": "x"}], [{"prompt": "e", "answer": "x", "tool_calls": []}])["rate"] == 1.0
 
 
 # --- check 9 ------------------------------------------------------------------------------------------------
