@@ -7,6 +7,9 @@ REPO_ROOT="$(cd "$TESTBED_DIR/../.." && pwd)"
 # Everything slow to build is cached here and reused by later runs (images live in the Docker engine).
 TESTBED_CACHE="${TESTBED_CACHE:-/var/cache/teamserve-testbed}"
 mkdir -p "$TESTBED_CACHE"
+# The vLLM release a healthy upgrade starts from (engine/Dockerfile.previous, engine/requirements-<it>.txt);
+# the engine image itself is 0.32.0, the testbed lock file's pin.
+TESTBED_PREVIOUS_VLLM=0.31.0
 
 log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 

@@ -9,7 +9,8 @@
 #   VLLM_IMAGE_REPOSITORY=10.231.0.3:5000/vllm/vllm-openai
 #   VLLM_IMAGE_DIGEST=sha256:...          (tag v0.32.0)
 #   VLLM_IMAGE_BROKEN_DIGEST=sha256:...   (tag v0.32.0-broken)
-#   VLLM_IMAGE_REBUILD_DIGEST=sha256:...  (tag v0.32.0-rebuild)
+#   VLLM_IMAGE_PREVIOUS_DIGEST=sha256:... (tag v0.31.0, TESTBED_PREVIOUS_VLLM)
+#   VLLM_PREVIOUS_VERSION=0.31.0
 #   VLLM_IMAGE_SLOW_DIGEST=sha256:...     (tag v0.32.0-slow)
 # The box pulls e.g. 10.231.0.3:5000/vllm/vllm-openai:v0.32.0@sha256:... (the docker role marks
 # 10.231.0.3:5000 as an insecure registry).
@@ -23,7 +24,7 @@ REGISTRY_IP="${TESTBED_REGISTRY_IP:-10.231.0.3}"
 REGISTRY_PORT=5000
 PUSH_HOST="127.0.0.1:$REGISTRY_PORT"
 REPOSITORY=vllm/vllm-openai
-TAGS=(v0.32.0 v0.32.0-broken v0.32.0-rebuild v0.32.0-slow)
+TAGS=(v0.32.0 v0.32.0-broken "v$TESTBED_PREVIOUS_VLLM" v0.32.0-slow)
 STORAGE="$TESTBED_CACHE/registry"
 
 # Debian's docker-registry reads /etc/docker/registry/config.yml (package default path). Everything it
@@ -129,8 +130,8 @@ main() {
     [[ "$digest" == sha256:* ]] || { log "registry serves no digest for $REPOSITORY:$tag"; rm -f "$env_tmp"; return 1; }
     if [[ "$tag" == *-broken ]]; then
       echo "VLLM_IMAGE_BROKEN_DIGEST=$digest" >>"$env_tmp"
-    elif [[ "$tag" == *-rebuild ]]; then
-      echo "VLLM_IMAGE_REBUILD_DIGEST=$digest" >>"$env_tmp"
+    elif [[ "$tag" == "v$TESTBED_PREVIOUS_VLLM" ]]; then
+      printf 'VLLM_IMAGE_PREVIOUS_DIGEST=%s\nVLLM_PREVIOUS_VERSION=%s\n' "$digest" "$TESTBED_PREVIOUS_VLLM" >>"$env_tmp"
     elif [[ "$tag" == *-slow ]]; then
       echo "VLLM_IMAGE_SLOW_DIGEST=$digest" >>"$env_tmp"
     else

