@@ -655,14 +655,15 @@ def _tool_request(where: str, item: Mapping[str, Any]) -> dict[str, Any]:
     return request
 
 
-def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[dict[str, Any]]:
+def eval_parse(text: str, source: str = "teamserve_verify_eval_file",
+               endpoint: str = "/v1/chat/completions") -> list[dict[str, Any]]:
     """Parse an evaluation set: JSON Lines of ``{"prompt": str, "expected": str (optional), "tools": [...]
-    (optional), "tool_choice": ... (optional)}`` (see :func:`_tool_request`).
+    (optional), "tool_choice": ... (optional)}`` (see :func:`_tool_request`), to be asked on ``endpoint``.
 
     Returns ``[{"prompt", "expected", "request"}]``, ``request`` being the extra request fields (tools) or
     ``{}``. Blank lines and ``#`` lines are skipped. Raises AnsibleFilterError naming the line and the
     expected shape for invalid JSON, a missing/empty ``prompt``, a non-string ``expected``, malformed
-    tools, a duplicated prompt, or an empty set.
+    tools, tools for /v1/completions (no tool calling there), a duplicated prompt, or an empty set.
     """
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -673,8 +674,11 @@ def eval_parse(text: str, source: str = "teamserve_verify_eval_file") -> list[di
         if item["prompt"] in seen:
             raise AnsibleFilterError(f"{where}: duplicated prompt {item['prompt'][:60]!r}; answers are keyed by prompt")
         seen.add(item["prompt"])
-        items.append({"prompt": item["prompt"], "expected": item.get("expected"),
-                      "request": _tool_request(where, item)})
+        request = _tool_request(where, item)
+        if request and endpoint == "/v1/completions":
+            raise AnsibleFilterError(f"{where} carries tools, but the model is served on /v1/completions (declared "
+                                     "completions-only), which has no tool calling; remove 'tools' from that line")
+        items.append({"prompt": item["prompt"], "expected": item.get("expected"), "request": request})
     if not items:
         raise AnsibleFilterError(f"{source} holds no prompts; add JSON lines like "
                                  '{"prompt": "What is 2+2?", "expected": "4"}')
@@ -699,7 +703,9 @@ def _tool_calls(message: Any) -> list[dict[str, Any]]:
     if not isinstance(message, Mapping):
         return calls
     for call in message.get("tool_calls") or []:
-        function = (call.get("function") if isinstance(call, Mapping) else None) or {}
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping):
+            function = {}
         arguments = function.get("arguments")
         with contextlib.suppress(json.JSONDecodeError):
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
@@ -758,8 +764,8 @@ def agreement(current: Any, other: Any) -> dict[str, Any]:
     by an older version of this filter, count as calling none).
     """
     def text(item: Mapping[str, Any]) -> str:
-        calls = _calls(item)
-        return _normalise(item.get("answer")) + ("" if calls == "[]" else " tool_calls=" + calls)
+        calls = _calls(item)  # first, so the 200-character cut below never hides it
+        return ("" if calls == "[]" else "tool_calls=" + calls + " ") + _normalise(item.get("answer"))
 
     mine = {item["prompt"]: text(item) for item in current or []}
     theirs = {item["prompt"]: text(item) for item in other or []}

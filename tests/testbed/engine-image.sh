@@ -71,7 +71,7 @@ build_derived() {
   fi
   local old_id; old_id=$(docker image inspect -f '{{ .Id }}' "$image" 2>/dev/null || true)
   ctx=$(mktemp -d /tmp/teamserve-engine-ctx.XXXX)
-  cp "$ENGINE_DIR"/* "$ctx/"
+  find "$ENGINE_DIR" -maxdepth 1 -type f -exec cp -t "$ctx" {} +  # files only (not a __pycache__)
   cp "$CA_BUNDLE" "$ctx/build-ca.crt"
   start=$SECONDS
   DOCKER_BUILDKIT=0 docker build --quiet --build-arg ENGINE_IMAGE="$engine_id" \

@@ -111,15 +111,15 @@ def test_eval_set_answered_and_stored_per_kv_dtype(checks):
 
 
 def test_eval_tool_prompts_are_answered_with_calls_to_the_named_tools(checks):
-    """The eval set's tool lines go through the gateway with their tools; vLLM constrains the output to
-    the tool's schema (named function and "required"), so even the random-weight model calls them."""
+    """The eval set's tool lines go through the gateway with their tools; for a named function vLLM
+    constrains the output to that tool's schema, so even the random-weight model calls it."""
     stored = json.loads(pathlib.Path(checks[8]["measured"]["answers_file"]).read_text())
     calls = {a["prompt"]: a["tool_calls"] for a in stored["answers"] if a["tool_calls"]}
     assert len(calls) == 2, stored["answers"]
     weather = calls["What is the weather in Paris? Use the tool."]
     assert [c["name"] for c in weather] == ["get_weather"] and weather[0]["arguments"]["city"] in ("Paris", "Oslo", "Lima")
     booked = calls["Book a table for two tonight."]
-    assert booked and all(c["name"] in ("book_table", "cancel_booking") and isinstance(c["arguments"], dict) for c in booked)
+    assert [c["name"] for c in booked] == ["book_table"] and booked[0]["arguments"]["party"] in ("one", "two", "four")
 
 
 def test_gateway_unreachable_from_outside(checks):

@@ -58,7 +58,7 @@ def apply(*locks: Path) -> None:
     extra = sorted(set(installed()) - set(pins) - KEPT - {ALIAS})
     if extra:
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "--yes", "--quiet", *extra], check=True)
-    # The alias of the release this venv held before (it has no RECORD pip could uninstall by).
+    # The alias of the release this venv held before: written by add_vllm_dist_info.py, not by pip.
     site = Path(str(md.distribution("pip").locate_file("")))
     for info in site.glob(f"{ALIAS}-*.dist-info"):
         for child in info.iterdir():
