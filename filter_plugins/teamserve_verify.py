@@ -765,7 +765,7 @@ def agreement(current: Any, other: Any) -> dict[str, Any]:
     """
     def text(item: Mapping[str, Any]) -> str:
         calls = _calls(item)  # first, so the 200-character cut below never hides it
-        return ("" if calls == "[]" else "tool_calls=" + calls + " ") + _normalise(item.get("answer"))
+        return " ".join(part for part in ("" if calls == "[]" else "tool_calls=" + calls, _normalise(item.get("answer"))) if part)
 
     mine = {item["prompt"]: text(item) for item in current or []}
     theirs = {item["prompt"]: text(item) for item in other or []}

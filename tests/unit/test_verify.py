@@ -498,6 +498,9 @@ def test_agreement_reports_changed_tool_calls():
     result = checks.agreement(after, before)
     assert (result["compared"], result["agreed"], result["tool_calls_differ"]) == (4, 1, 3)
     assert [c["prompt"] for c in result["tool_calls_changed"]] == ["b", "c", "d"]
+    # a changed answer's text leads with its tool calls, so cutting a long reply never hides them
+    assert result["changed"][0] == {"prompt": "b", "before": 'tool_calls=[{"arguments": {"city": "Oslo"}, "name": "get_weather"}]',
+                                    "after": 'tool_calls=[{"arguments": {"city": "Paris"}, "name": "get_weather"}]'}
     assert result["tool_calls_changed"][2] == {"prompt": "d", "before": '[{"arguments": "not json", "name": "get_weather"}]',
                                                "after": "[]"}
     # answers kept before tool calls were recorded compare as calling none
