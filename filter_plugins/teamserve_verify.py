@@ -86,17 +86,13 @@ def teamserve_metric(text: Any, name: str) -> float | None:
 def teamserve_completion_body(prompt: Any, endpoint: str, model: str, params: Any = None) -> dict[str, Any]:
     """The JSON body of one request to ``endpoint``: ``prompt`` as a completion's ``prompt`` for
     /v1/completions (a model declared completions-only), else as the user message of a chat completion;
-    ``params`` (temperature, max_tokens, tools, ...) are added as given. Raises AnsibleFilterError when
-    ``params`` carries ``tools`` for /v1/completions, which has no tool calling.
+    ``params`` (temperature, max_tokens, tools, ...) are added as given (:func:`eval_parse` refuses tools
+    for /v1/completions, which has no tool calling).
 
         {{ item.prompt | teamserve_completion_body(vllm_api_endpoint, vllm_model.served_model_name, {'max_tokens': 32}) }}
     """
     body: dict[str, Any] = {"model": str(model), **dict(params or {})}
     if endpoint == "/v1/completions":
-        if "tools" in body:
-            raise AnsibleFilterError(f"prompt {str(prompt)[:60]!r} carries tools, but the model is served on "
-                                     "/v1/completions (declared completions-only), which has no tool calling; "
-                                     "remove 'tools' from that evaluation line")
         body["prompt"] = str(prompt)
     else:
         body["messages"] = [{"role": "user", "content": str(prompt)}]
@@ -763,12 +759,15 @@ def agreement(current: Any, other: Any) -> dict[str, Any]:
     calls another function, with other arguments or no longer at all (answers without ``tool_calls``, kept
     by an older version of this filter, count as calling none).
     """
-    def text(item: Mapping[str, Any]) -> str:
-        calls = _calls(item)  # first, so the 200-character cut below never hides it
+    calls_now = {item["prompt"]: _calls(item) for item in current or []}
+    calls_then = {item["prompt"]: _calls(item) for item in other or []}
+
+    def text(item: Mapping[str, Any], calls: str) -> str:
+        # the tool calls first, so the 200-character cut below never hides them
         return " ".join(part for part in ("" if calls == "[]" else "tool_calls=" + calls, _normalise(item.get("answer"))) if part)
 
-    mine = {item["prompt"]: text(item) for item in current or []}
-    theirs = {item["prompt"]: text(item) for item in other or []}
+    mine = {item["prompt"]: text(item, calls_now[item["prompt"]]) for item in current or []}
+    theirs = {item["prompt"]: text(item, calls_then[item["prompt"]]) for item in other or []}
     common = sorted(set(mine) & set(theirs))
     agreed = sum(1 for prompt in common if mine[prompt] == theirs[prompt])
     changed = [{"prompt": p[:120], "before": theirs[p][:200], "after": mine[p][:200]}
@@ -777,8 +776,6 @@ def agreement(current: Any, other: Any) -> dict[str, Any]:
     tokens_then = {item["prompt"]: item.get("prompt_tokens") for item in other or []}
     rendered = [{"prompt": p[:120], "before": tokens_then[p], "after": tokens_now[p]} for p in common
                 if isinstance(tokens_now[p], int) and isinstance(tokens_then[p], int) and tokens_now[p] != tokens_then[p]]
-    calls_now = {item["prompt"]: _calls(item) for item in current or []}
-    calls_then = {item["prompt"]: _calls(item) for item in other or []}
     called = [{"prompt": p[:120], "before": calls_then[p][:200], "after": calls_now[p][:200]} for p in common
               if calls_now[p] != calls_then[p]]
     return {"compared": len(common), "agreed": agreed, "rate": round(agreed / len(common), 4) if common else None,

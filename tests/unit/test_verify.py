@@ -462,8 +462,6 @@ def test_eval_parse_keeps_tools_and_names_a_malformed_tool_line():
     assert item["request"] == {"tools": [WEATHER], "tool_choice": line["tool_choice"]}
     body = checks.teamserve_completion_body(item["prompt"], "/v1/chat/completions", "m", {"temperature": 0, **item["request"]})
     assert body["tools"] == [WEATHER] and body["messages"][0]["content"] == "Weather in Paris?"
-    with pytest.raises(AnsibleFilterError, match="no tool calling; remove 'tools'"):
-        checks.teamserve_completion_body(item["prompt"], "/v1/completions", "m", item["request"])
     # a completions-only model: the set is refused when read, naming the line (before any request)
     with pytest.raises(AnsibleFilterError, match="eval.jsonl line 2 carries tools, but the model is served on /v1/completions"):
         checks.eval_parse('{"prompt": "b"}\n' + json.dumps(line), "eval.jsonl", "/v1/completions")
