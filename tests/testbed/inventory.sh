@@ -64,6 +64,17 @@ if ! grep -qxF "vault_vllm_hf_token: \"$hf_token\"" "$tmp"; then
 fi
 rm -f "$tmp" "$tmp.new"
 
+# vault_teamserve_fleet_key: the key the front gateway presents to each box (caddy_upstream_api_key on
+# the front, caddy_front_user_key on the boxes). Added to a vault made before the fleet existed.
+tmp=$(mktemp)
+"$ansible_vault" view --vault-password-file "$pass" "$gv/vault.yml" >"$tmp"
+if ! grep -q '^vault_teamserve_fleet_key:' "$tmp"; then
+  log "writing vault_teamserve_fleet_key into the testbed's vault"
+  printf 'vault_teamserve_fleet_key: "%s"\n' "$(openssl rand -hex 32)" >>"$tmp"
+  "$ansible_vault" encrypt --vault-password-file "$pass" --output "$gv/vault.yml" "$tmp" >/dev/null
+fi
+rm -f "$tmp"
+
 # shellcheck disable=SC1091
 source "$TESTBED_CACHE/engine-image.env"
 {

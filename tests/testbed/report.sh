@@ -32,3 +32,12 @@ Try it:
 (The gateway answers this machine, which sits on the testbed's LAN 10.231.0.0/24; from the outside
 network 10.232.0.0/24 it does not.)
 TXT
+# The front gateway over this box and a second one (README "Several boxes"), when the scenario has it.
+front_ca="$TESTBED_CACHE/front-caddy-root.crt"
+if [[ -s $front_ca ]]; then
+  cat <<TXT
+
+Front gateway: https://10.231.0.30:8443/v1 (CA $front_ca), the same users and keys, balancing over
+this box and teamserve-box-b (whose engine is a test double answering as model fixture-b).
+TXT
+fi

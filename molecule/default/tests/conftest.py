@@ -105,7 +105,9 @@ class GatewayWatcher(threading.Thread):
 @pytest.fixture(scope="session")
 def testbed_vars() -> dict:
     """The committed testbed group_vars (main.yml), as plain data (no templating)."""
-    return yaml.safe_load((GROUP_VARS / "main.yml").read_text())
+    # The team's users are in group_vars/all (the front gateway has them too).
+    return {**yaml.safe_load((GROUP_VARS.parent / "all" / "users.yml").read_text()),
+            **yaml.safe_load((GROUP_VARS / "main.yml").read_text())}
 
 
 def vault_view(path: pathlib.Path) -> dict:

@@ -22,6 +22,7 @@ import os
 import pathlib
 import re
 import subprocess
+import threading
 import time
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
@@ -37,6 +38,9 @@ SCENARIO = pathlib.Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 PIN_OVERLAY = SCENARIO / "host_vars" / "teamserve-box.yml"
 TESTBED_VARS = PROJECT / "inventories" / "testbed" / "group_vars" / "teamserve"
 EVAL_FILE = PROJECT / "tests" / "fixtures" / "eval.jsonl"
+# The front gateway over this box and teamserve-box-b (tests/test_fleet.py).
+FRONT = "https://10.231.0.30:8443"
+FRONT_CA = pathlib.Path(os.environ.get("TESTBED_CACHE", "/var/cache/teamserve-testbed")) / "front-caddy-root.crt"
 
 
 def generated() -> dict:
@@ -199,6 +203,35 @@ def previous_release(host, release_refused, keys) -> dict:
             "engine": engine(host), "recorded": deployed(host), "served": served_version(keys["alice"])}
 
 
+class FrontWatcher(threading.Thread):
+    """Asks the front gateway (teamserve-front, over this box and teamserve-box-b) for a one-token chat
+    answer every second while the box is upgraded; keeps (status, the answer's model or error code). One
+    request a second stays inside alice's rate window at the front (120 a minute)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(daemon=True)
+        self.key, self.done = key, threading.Event()
+        self.seen: list[tuple[int, str]] = []
+
+    def run(self) -> None:
+        body = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+        with httpx.Client(verify=str(FRONT_CA), timeout=30) as http:
+            while not self.done.is_set() and len(self.seen) < 900:
+                try:
+                    response = http.post(f"{FRONT}/v1/chat/completions", json=body,
+                                         headers={"Authorization": f"Bearer {self.key}"})
+                    data = response.json()
+                    self.seen.append((response.status_code, data.get("model") or data.get("error", {}).get("code")))
+                except Exception as err:  # noqa: BLE001 - any failure is an answer not served, and is kept
+                    self.seen.append((0, type(err).__name__))
+                self.done.wait(1)
+
+    def stop(self) -> list:
+        self.done.set()
+        self.join(40)
+        return self.seen
+
+
 @pytest.fixture(scope="module")
 def healthy_upgrade(host, before, previous_release, keys) -> dict:
     """Then the lock file's own pins again (0.32.0, the digest converge deployed), with the eval set:
@@ -206,6 +239,8 @@ def healthy_upgrade(host, before, previous_release, keys) -> dict:
     assert previous_release["result"].returncode == 0, previous_release["result"].stdout[-3000:]
     watcher = GatewayWatcher(keys["bob"])
     watcher.start()
+    front = FrontWatcher(keys["alice"])
+    front.start()
     # The random-weight model's near-tied logits let one tool call's arguments change between the releases
     # (measured: book_table's party "one" on 0.31.0, "four" on 0.32.0; the default 0.9 rolled it back): the
     # admin accepts one changed answer in six for this upgrade, and it is reported.
@@ -214,8 +249,8 @@ def healthy_upgrade(host, before, previous_release, keys) -> dict:
     started = time.monotonic()
     result = run_upgrade()
     return {"result": result, "seconds": time.monotonic() - started, "digest": before["pins"]["vllm_image_digest"],
-            "seen": watcher.stop(), "engine": engine(host), "pins": deployed_pins(host), "history": history(host),
-            "recorded_before": recorded_before, "recorded_after": deployed(host)["engine"],
+            "seen": watcher.stop(), "front": front.stop(), "engine": engine(host), "pins": deployed_pins(host),
+            "history": history(host), "recorded_before": recorded_before, "recorded_after": deployed(host)["engine"],
             "served": served_version(keys["alice"])}
 
 
@@ -344,6 +379,28 @@ def test_healthy_upgrade_kept_the_team_informed(healthy_upgrade):
     seen = healthy_upgrade["seen"]
     assert {(status, code) for status, code, _ in seen} <= {(200, None), (503, "maintenance")}, seen
     assert (503, "maintenance") in {(status, code) for status, code, _ in seen} and seen[-1][0] == 200, seen[-10:]
+
+
+def test_healthy_upgrade_rolls_behind_the_front(healthy_upgrade, keys):
+    """Through the front gateway the team was served all along: while this box drained and switched,
+    teamserve-box-b answered; nobody was told "maintenance"; the box is back in the front's pool after."""
+    front = healthy_upgrade["front"]
+    models = [answer for status, answer in front if status == 200]
+    print(f"through the front during the upgrade: {len(front)} requests, {models.count('tiny')} by this box, "
+          f"{models.count('fixture-b')} by teamserve-box-b, not served: {[s for s in front if s[0] != 200]}")
+    assert len(front) >= 30 and all(status == 200 for status, _ in front), front
+    assert "fixture-b" in models
+    # Alone, a request goes to the least loaded box in the pool's order: this box, once it is back.
+    body = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+    with httpx.Client(verify=str(FRONT_CA), timeout=30) as http:
+        for _ in range(30):
+            answer = http.post(f"{FRONT}/v1/chat/completions", json=body,
+                               headers={"Authorization": f"Bearer {keys['alice']}"}).json()
+            if answer.get("model") == "tiny":
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"the upgraded box did not come back into the front's pool within 30 s: {answer}")
 
 
 def test_healthy_upgrade_shows_what_it_changes_in_the_engine(healthy_upgrade):

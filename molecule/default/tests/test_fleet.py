@@ -1,0 +1,180 @@
+"""Several boxes behind one front gateway (playbooks/front.yml, converged by site.yml): the front
+(teamserve-front) balances over teamserve-box (the REAL vLLM CPU engine, model `tiny`) and teamserve-box-b
+(a test double of the engine behind the real caddy role, answering every request as model `fixture-b`; it
+lists `tiny` and `fixture-b`). Which box answered is told by each box's access log (entries of the front's
+user, teamserve-front) and by the answer's `model`.
+
+Traffic goes only to the testbed's containers; every loop is bounded in count and time.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx2 as httpx  # the HTTP client openai 3.x is built on
+import openai
+import pytest
+import testinfra
+import yaml
+from conftest import CACHE, GROUP_VARS
+
+testinfra_hosts = ["ansible://teamserve-front"]
+
+FRONT = "https://10.231.0.30:8443"
+FRONT_CA = str(CACHE / "front-caddy-root.crt")
+BOX_A = testinfra.get_host("docker://teamserve-box")
+BOX_B = testinfra.get_host("docker://teamserve-box-b")
+FRONT_VARS = yaml.safe_load((GROUP_VARS.parent / "teamserve_gateway" / "main.yml").read_text())
+BOX_B_ENTRY = FRONT_VARS["teamserve_front_extra_upstreams"][0]
+
+
+def served(box) -> int:
+    """Requests the front sent this box so far: its access log's entries of the user teamserve-front."""
+    out = box.check_output("cat /var/log/caddy/access.log")
+    return sum(1 for line in out.splitlines() if '"user":"teamserve-front"' in line and "/v1/chat/completions" in line)
+
+
+def box_a_batch() -> int:
+    """teamserve-box's --max-num-seqs as deployed (its plan's batch: the front's cap for it)."""
+    cmd = json.loads(BOX_A.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
+    return int(cmd[cmd.index("--max-num-seqs") + 1])
+
+
+def ask(key: str, model: str = "tiny", max_tokens: int = 4) -> tuple[int, str]:
+    """One chat request through the front: (status, the answer's model or the error code)."""
+    body = {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "Hi"}]}
+    with httpx.Client(verify=FRONT_CA, timeout=60) as client:
+        response = client.post(f"{FRONT}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    data = response.json()
+    return response.status_code, data.get("model") or (data.get("error") or {}).get("code", "?")
+
+
+def test_models_lists_what_the_fleet_serves(keys):
+    """Boxes serve different models: the front answers /v1/models with every one, from the boxes' plans."""
+    client = openai.OpenAI(base_url=f"{FRONT}/v1", api_key=keys["alice"],
+                           http_client=httpx.Client(verify=FRONT_CA, timeout=30))
+    assert sorted(m.id for m in client.models.list()) == ["fixture-b", "tiny"]
+
+
+def test_burst_is_spread_over_both_boxes(keys):
+    """12 requests for `tiny`, 6 at a time: both boxes answer some, by their access logs and their answers."""
+    before = served(BOX_A), served(BOX_B)
+    results: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(2):
+            outcome = ask(keys["alice"])
+            with lock:
+                results.append(outcome)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    after = served(BOX_A), served(BOX_B)
+    print(f"burst of 12: teamserve-box {after[0] - before[0]}, teamserve-box-b {after[1] - before[1]}")
+    assert [status for status, _ in results] == [200] * 12, results
+    assert after[0] - before[0] > 0 and after[1] - before[1] > 0
+    assert (after[0] - before[0]) + (after[1] - before[1]) == 12
+    assert {model for _, model in results} == {"tiny", "fixture-b"}
+
+
+def test_a_model_only_one_box_serves_goes_to_that_box(keys):
+    """`fixture-b` is listed by teamserve-box-b only: the request's model field routes it there."""
+    before = served(BOX_A), served(BOX_B)
+    assert [ask(keys["alice"], "fixture-b") for _ in range(4)] == [(200, "fixture-b")] * 4
+    assert (served(BOX_A) - before[0], served(BOX_B) - before[1]) == (0, 4)
+
+
+def burst(key: str, count: int) -> list[tuple[int, str]]:
+    """`count` one-token requests for `tiny` sent at the same time; their (status, model or error code)."""
+    results: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        outcome = ask(key, max_tokens=1)
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results
+
+
+def test_one_users_cap_holds_across_both_boxes(keys):
+    """bob's in-flight cap at the front is a quarter of the fleet's capacity (the sum of the boxes'
+    batches). With that many slow streams open on teamserve-box-b, his next request is refused with 429
+    although teamserve-box is idle: the cap is his across the fleet, not per box. alice is still served."""
+    cap = max(1, (box_a_batch() + BOX_B_ENTRY["max_inflight"]) // 4)
+    assert cap <= BOX_B_ENTRY["max_inflight"]
+    opened = threading.Semaphore(0)
+    release = threading.Event()
+    streams: list[str] = []
+
+    def hold() -> None:
+        # The test double sends a token every 0.1 s: 1,500 tokens outlast the test.
+        body = {"model": "fixture-b", "stream": True, "max_tokens": 1500,
+                "messages": [{"role": "user", "content": "Count."}]}
+        try:
+            with httpx.Client(verify=FRONT_CA, timeout=60) as client, client.stream(
+                    "POST", f"{FRONT}/v1/chat/completions", json=body,
+                    headers={"Authorization": f"Bearer {keys['bob']}"}) as response:
+                streams.append(str(response.status_code))
+                if response.status_code == 200:
+                    opened.release()
+                    release.wait(60)
+        finally:
+            opened.release()
+
+    threads = [threading.Thread(target=hold) for _ in range(cap)]
+    try:
+        for thread in threads:
+            thread.start()
+            assert opened.acquire(timeout=30)
+        assert streams == ["200"] * cap, streams
+        refused = [ask(keys["bob"]) for _ in range(2)]
+        others = ask(keys["alice"], max_tokens=1)
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(60)
+    print(f"bob's cap {cap}: {cap} streams on teamserve-box-b, then {refused}; alice {others}")
+    assert refused == [(429, "concurrency_limit_exceeded")] * 2
+    assert others[0] == 200
+
+
+def test_a_box_going_down_moves_its_traffic_to_the_other(keys):
+    """Bursts of 6 at once reach both boxes. teamserve-box-b's engine stops: after the health window every
+    request of every burst is answered by teamserve-box with 200; the seconds until then are printed. Then
+    the engine starts again and teamserve-box-b is back in the pool."""
+    assert "fixture-b" in {model for _, model in burst(keys["alice"], 6)}  # box-b takes part
+    BOX_B.check_output("systemctl stop fake-openai-upstream")
+    start = time.monotonic()
+    rounds: list[tuple[float, list[tuple[int, str]]]] = []
+    try:
+        for _ in range(15):  # at most 15 bursts, about 30 s
+            rounds.append((time.monotonic() - start, burst(keys["alice"], 6)))
+            if len(rounds) >= 3 and all(r == [(200, "tiny")] * 6 for _, r in rounds[-3:]):
+                break
+            time.sleep(1)
+    finally:
+        BOX_B.check_output("systemctl start fake-openai-upstream")
+    failed = [(round(t, 1), outcome) for t, r in rounds for outcome in r if outcome[0] != 200]
+    moved = failed[-1][0] if failed else 0.0
+    print(f"box-b down: {len(failed)} of {6 * len(rounds)} answers failed, the last {moved} s after the stop: {failed}")
+    assert len(rounds) >= 3 and all(r == [(200, "tiny")] * 6 for _, r in rounds[-3:]), rounds
+    assert all(status in (502, 503) for _, (status, _) in failed), failed  # the gateway's errors, never a hang
+    # Back: the active health check finds box-b again (caddy_upstream_health_interval, 5 s).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if ask(keys["alice"], "fixture-b")[0] == 200:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("teamserve-box-b did not come back into the front's pool within 30 s")

@@ -1,0 +1,157 @@
+"""A front gateway over several teamserve boxes: check caddy_upstreams and group them by model.
+
+Plain functions with no Ansible imports, tested by ``tests/gateway/test_caddy_front.py``; the role's checks
+call ``caddy_front_upstreams`` before anything on the host changes, and the Caddyfile template renders
+the result of ``caddy_front_routes``.
+
+Each upstream is another box's teamserve gateway (its own users are only the front), so every number here
+comes from that box's capacity plan: ``max_inflight`` is its max-num-seqs (the batch), ``max_model_len``
+its max-model-len (tokens).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+LB_POLICIES = ("least_conn", "user_hash")
+_HOST = re.compile(r"^[A-Za-z0-9.\-]+$|^\[[0-9A-Fa-f:.]+\]$")
+# Served model names are written inside double quotes in the Caddyfile and inside JSON.
+_MODEL = re.compile(r'^[^\s"\\{}`]+$')
+_PATH = re.compile(r"^[~/][^\n]*$")
+_KEYS = {"url", "max_inflight", "models", "max_model_len", "ca_cert", "name"}
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def caddy_front_upstreams(upstreams: Any) -> list[dict[str, Any]]:
+    """Check and normalise ``caddy_upstreams``.
+
+    Input: a list of mappings, one per box: ``url`` (``https://host:port`` of the box's gateway, no path),
+    ``max_inflight`` (requests, >= 1: the box's max-num-seqs), ``models`` (served model names, non-empty),
+    ``max_model_len`` (tokens, >= 1), ``ca_cert`` (path ON THE CONTROLLER of the PEM root that signs the
+    box's certificate, which the role copies to the front; "" = the system trust store) and optionally
+    ``name`` (the box, for messages).
+    Output: the same entries with ``dial`` ("host:port", how Caddy names the upstream) and ``ca_file`` (the
+    copy's file name on the front, "" without ca_cert) added, ints as ints.
+    An empty list is returned as is (the gateway proxies to ``caddy_upstream`` then).
+    Raises ValueError naming the entry, the field, the value and the fix.
+    """
+    if upstreams in (None, ""):
+        return []
+    if not isinstance(upstreams, list):
+        raise ValueError(f"caddy_upstreams={upstreams!r} must be a list of boxes "
+                         "({url, max_inflight, models, max_model_len, ca_cert})")
+    out: list[dict[str, Any]] = []
+    dials: set[str] = set()
+    for index, entry in enumerate(upstreams):
+        where = f"caddy_upstreams[{index}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{where}={entry!r} must be a mapping with url, max_inflight, models, max_model_len")
+        where = f"caddy_upstreams[{index}] ({entry.get('name') or entry.get('url')})"
+        unknown = sorted(set(entry) - _KEYS)
+        if unknown:
+            raise ValueError(f"{where} has unknown keys {unknown}; allowed: {sorted(_KEYS)}")
+        url = str(entry.get("url", "")).strip()
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        bracketed = f"[{host}]" if ":" in host else host
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if (parts.scheme != "https" or not host or not _HOST.match(bracketed) or not port
+                or parts.path not in ("", "/") or parts.query or parts.fragment or parts.username):
+            raise ValueError(f"{where}: url={url!r} must be https://host:port of the box's teamserve gateway "
+                             "(TLS: the front sends the fleet's key to it), without a path")
+        dial = f"{bracketed}:{port}"
+        if dial in dials:
+            raise ValueError(f"{where}: url={url!r} is listed twice; list each box once")
+        dials.add(dial)
+        cap = _int(entry.get("max_inflight"))
+        if cap is None or cap < 1:
+            raise ValueError(f"{where}: max_inflight={entry.get('max_inflight')!r} must be an integer >= 1, the box's "
+                             "max-num-seqs from its capacity plan")
+        length = _int(entry.get("max_model_len"))
+        if length is None or length < 1:
+            raise ValueError(f"{where}: max_model_len={entry.get('max_model_len')!r} must be an integer >= 1, the "
+                             "box's max-model-len from its capacity plan")
+        models = entry.get("models")
+        if (not isinstance(models, list) or not models
+                or not all(isinstance(m, str) and _MODEL.match(m) for m in models)):
+            raise ValueError(f"{where}: models={models!r} must be a non-empty list of served model names "
+                             "(no blanks, quotes, braces or backslashes)")
+        ca_cert = str(entry.get("ca_cert") or "")
+        if ca_cert and not _PATH.match(ca_cert):
+            raise ValueError(f"{where}: ca_cert={ca_cert!r} must be a path on the controller (absolute or ~/...), "
+                             "or empty for the system trust store")
+        out.append({"name": str(entry.get("name") or dial), "url": f"https://{dial}", "dial": dial,
+                    "max_inflight": cap, "models": list(dict.fromkeys(models)), "max_model_len": length,
+                    "ca_cert": ca_cert,
+                    "ca_file": (re.sub(r"[^A-Za-z0-9.-]", "_", dial) + ".crt") if ca_cert else ""})
+    if len({bool(u["ca_cert"]) for u in out}) > 1:
+        raise ValueError("caddy_upstreams mixes boxes with ca_cert (their own CA) and without (the system trust "
+                         f"store): {[u['name'] for u in out if not u['ca_cert']]} have none. One pool trusts one set "
+                         "of roots: give every box its CA, or put every box on public certificates")
+    return out
+
+
+def caddy_front_capacity(upstreams: Any) -> int:
+    """The fleet's capacity (requests in flight): the sum of the boxes' ``max_inflight``; 0 without boxes."""
+    return sum(u["max_inflight"] for u in caddy_front_upstreams(upstreams))
+
+
+def caddy_front_max_model_len(upstreams: Any) -> int:
+    """The longest max-model-len (tokens) of the boxes (sizes the front's body limit); 0 without boxes."""
+    return max((u["max_model_len"] for u in caddy_front_upstreams(upstreams)), default=0)
+
+
+def caddy_front_routes(upstreams: Any) -> dict[str, Any]:
+    """How the front routes: one pool per served model, and the pool of every box.
+
+    Input: ``caddy_upstreams`` (see ``caddy_front_upstreams``).
+    Output: ``{"all": [upstream, ...], "by_model": [{"model": name, "matcher": "model_<i>", "max_model_len":
+    tokens (the smallest of its boxes), "upstreams": [...]}, ...], "per_model": bool}``. ``per_model`` is
+    False when every box serves the same models: one pool then takes every request and the body need not be
+    read. ``by_model`` keeps the order models are first listed in.
+    Raises ValueError as ``caddy_front_upstreams`` does.
+    """
+    boxes = caddy_front_upstreams(upstreams)
+    names: list[str] = []
+    for box in boxes:
+        names.extend(m for m in box["models"] if m not in names)
+    by_model = []
+    for index, name in enumerate(names):
+        pool = [b for b in boxes if name in b["models"]]
+        by_model.append({"model": name, "matcher": f"model_{index}", "upstreams": pool,
+                         "max_model_len": min(b["max_model_len"] for b in pool)})
+    per_model = len({tuple(sorted(b["models"])) for b in boxes}) > 1
+    return {"all": boxes, "by_model": by_model, "per_model": per_model}
+
+
+def caddy_front_models_json(upstreams: Any) -> list[dict[str, Any]]:
+    """The ``data`` of the front's own ``GET /v1/models`` answer: every model the fleet serves.
+
+    Output: OpenAI model objects as vLLM writes them (``id``, ``object``, ``created`` (0: the front does
+    not know when a box loaded it), ``owned_by``, ``root``, ``max_model_len`` in tokens), in the order of
+    ``caddy_front_routes``.
+    """
+    return [{"id": r["model"], "object": "model", "created": 0, "owned_by": "teamserve", "root": r["model"],
+             "max_model_len": r["max_model_len"]} for r in caddy_front_routes(upstreams)["by_model"]]
+
+
+class FilterModule:
+    """The front gateway's filters."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"caddy_front_upstreams": caddy_front_upstreams, "caddy_front_capacity": caddy_front_capacity,
+                "caddy_front_max_model_len": caddy_front_max_model_len, "caddy_front_routes": caddy_front_routes,
+                "caddy_front_models_json": caddy_front_models_json}

@@ -1,0 +1,147 @@
+"""A front gateway over several boxes (roles/caddy/filter_plugins/caddy_front.py and the Caddyfile
+template): each box's in-flight cap comes from its plan, the fleet's capacity is their sum, a fleet with
+different models per box routes by the request's `model`, and bad entries are refused by name."""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from repo_modules import load  # noqa: E402
+from test_caddy_limits import play, render  # noqa: E402
+
+front = load("caddy_front", "roles/caddy/filter_plugins/caddy_front.py")
+
+USERS = [{"name": "alice", "key": "a" * 40, "rate_limit": {"events": 60, "window": "1m"}}]
+FLEET_KEY = "f" * 48
+
+
+def box(n: int, seqs: int, models: list[str], length: int = 4096) -> dict:
+    return {"name": f"gpu{n}", "url": f"https://10.0.0.{n}:8443", "max_inflight": seqs, "models": models,
+            "max_model_len": length, "ca_cert": f"/tmp/gpu{n}-root.crt"}
+
+
+def front_host(upstreams: list[dict], **extra) -> dict:
+    return {"caddy_upstreams": upstreams, "caddy_users": USERS, "caddy_tls_mode": "off",
+            "caddy_upstream_api_key": FLEET_KEY, **extra}
+
+
+def proxies(caddyfile: str) -> list[str]:
+    """The reverse_proxy blocks of the rendered file, in order."""
+    return re.findall(r"\n\t\treverse_proxy [^\n]*\{.*?\n\t\t\}", caddyfile, flags=re.S)
+
+
+def test_capacity_is_the_sum_of_the_boxes_caps():
+    boxes = [box(1, 8, ["m"]), box(2, 16, ["m"]), box(3, 4, ["m"])]
+    assert front.caddy_front_capacity(boxes) == 28
+    assert front.caddy_front_capacity(boxes[:1]) == 8
+    assert front.caddy_front_capacity([]) == 0
+    assert front.caddy_front_max_model_len([box(1, 8, ["m"], 2048), box(2, 8, ["m"], 8192)]) == 8192
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_front_caddyfile_for_one_two_three_boxes(tmp_path, count):
+    """Same model everywhere: one pool over every box, each with its own cap, health checks on /health,
+    the fleet's key upstream, the user's own key never; the fleet's capacity sets the users' defaults."""
+    caps = [8, 16, 4][:count]
+    boxes = [box(n + 1, cap, ["llama"]) for n, cap in enumerate(caps)]
+    caddyfile = render(tmp_path, {"front": front_host(boxes)})["front"]
+    api = [p for p in proxies(caddyfile) if "@proxied" in p]
+    assert len(api) == 1, caddyfile
+    pool = api[0]
+    assert pool.startswith("\n\t\treverse_proxy @proxied " + " ".join(b["url"] for b in boxes) + " {")
+    assert re.findall(r"cap (\S+) (\d+)", pool) == [(f"10.0.0.{n + 1}:8443", str(c)) for n, c in enumerate(caps)]
+    assert "lb_policy capacity {" in pool and "hash {teamserve_user}" not in pool
+    assert "health_uri /health" in pool and "unhealthy_status 502 503" in pool
+    assert f'header_up Authorization "Bearer {FLEET_KEY}"' in pool
+    assert "unhealthy_request_count" not in pool  # the per-box caps replace the one-engine cap
+    assert "request_model" not in caddyfile  # one pool: the body is not read
+    assert "tls_trust_pool file " + " ".join(f"/etc/caddy/upstream-ca/10.0.0.{n + 1}_8443.crt"
+                                             for n in range(count)) in pool
+    # Users' default cap: a quarter of the fleet's batch.
+    assert re.search(rf" alice 0 {max(1, sum(caps) // 4)} rate_60_per_1m\n", caddyfile)
+    # A box's 503 and 429 are the fleet being full: the front's own server_full (Retry-After).
+    assert "@box_full status 503" in pool and "@box_busy status 429" in pool
+    # The public /health is the fleet's: any healthy box answers it, without any key and without the caps
+    # (a busy fleet is not a down one), and it is not logged.
+    health = caddyfile.split("handle @health {")[1].split("\n\t\t}\n")[0]
+    assert "lb_policy first" in health and "cap " not in health and "header_up -Authorization" in health
+    assert "log_skip" in health and "health_uri /health" in health
+
+
+def test_user_hash_is_opt_in(tmp_path):
+    caddyfile = render(tmp_path, {"front": front_host([box(1, 8, ["m"]), box(2, 8, ["m"])],
+                                                      caddy_lb_policy="user_hash")})["front"]
+    assert "hash {teamserve_user}" in caddyfile
+
+
+def test_models_per_box_route_by_model(tmp_path):
+    """Two boxes with llama, one with qwen: the body's model picks the pool, /v1/models lists both."""
+    boxes = [box(1, 8, ["llama"]), box(2, 8, ["llama", "qwen"], 2048), box(3, 4, ["qwen"], 8192)]
+    caddyfile = render(tmp_path, {"front": front_host(boxes)})["front"]
+    # Reads no more than the request body limit: the largest max-model-len (8192) * 32 + 1 MiB.
+    assert "request_model {teamserve_model} {\n\t\t\tmax_size 1310720\n" in caddyfile
+    blocks = {m: re.search(rf'@{m} \{{\n\t\t\tpath [^\n]+\n\t\t\tvars {{teamserve_model}} "([^"]+)"', caddyfile)
+              for m in ("model_0", "model_1")}
+    assert blocks["model_0"].group(1) == "llama" and blocks["model_1"].group(1) == "qwen"
+    pools = {p.split()[1]: p for p in proxies(caddyfile)}
+    assert re.findall(r"cap (\S+) ", pools["@model_0"]) == ["10.0.0.1:8443", "10.0.0.2:8443"]
+    assert re.findall(r"cap (\S+) ", pools["@model_1"]) == ["10.0.0.2:8443", "10.0.0.3:8443"]
+    assert re.findall(r"cap (\S+) ", pools["@proxied"]) == ["10.0.0.1:8443", "10.0.0.2:8443", "10.0.0.3:8443"]
+    # Routed before the catch-all pool.
+    assert caddyfile.index("reverse_proxy @model_1") < caddyfile.index("reverse_proxy @proxied")
+    listing = json.loads(re.search(r"respond `([^`]+)` 200", caddyfile).group(1))
+    assert [(m["id"], m["max_model_len"]) for m in listing["data"]] == [("llama", 2048), ("qwen", 2048)]  # the smallest of its boxes
+
+
+@pytest.mark.parametrize("entry,field", [
+    ({"url": "http://10.0.0.1:8443"}, "url='http://10.0.0.1:8443'"),
+    ({"url": "https://10.0.0.1"}, "url='https://10.0.0.1'"),
+    ({"max_inflight": 0}, "max_inflight=0"),
+    ({"max_inflight": "many"}, "max_inflight='many'"),
+    ({"models": []}, "models=[]"),
+    ({"models": ['a"b']}, "models="),
+    ({"max_model_len": None}, "max_model_len=None"),
+    ({"ca_cert": "relative.crt"}, "ca_cert='relative.crt'"),
+    ({"weight": 2}, "unknown keys ['weight']"),
+])
+def test_bad_entries_are_named(entry, field):
+    with pytest.raises(ValueError, match=re.escape(field)) as err:
+        front.caddy_front_upstreams([box(1, 8, ["m"]), {**box(2, 8, ["m"]), **entry}])
+    assert "caddy_upstreams[1] (gpu2)" in str(err.value)
+
+
+def test_a_pool_mixing_own_cas_and_public_trust_is_refused():
+    """One pool trusts one set of roots: a box without ca_cert beside boxes with their own CA is named."""
+    with pytest.raises(ValueError, match=re.escape("['gpu2'] have none")):
+        front.caddy_front_upstreams([box(1, 8, ["m"]), {**box(2, 8, ["m"]), "ca_cert": ""}])
+
+
+def test_a_box_listed_twice_is_refused():
+    with pytest.raises(ValueError, match="listed twice"):
+        front.caddy_front_upstreams([box(1, 8, ["m"]), {**box(1, 8, ["m"]), "name": "again"}])
+
+
+def test_role_refuses_a_front_without_the_fleet_key(tmp_path):
+    run = play(tmp_path, {"front": front_host([box(1, 8, ["m"])], caddy_upstream_api_key="")})
+    assert run.returncode != 0
+    assert "caddy_upstream_api_key" in run.stdout
+
+
+def test_box_behind_a_front_gets_the_front_user_and_keeps_a_public_health(tmp_path):
+    """caddy_front_user_key adds teamserve-front, capped at the box's whole batch; a box behind a front
+    with a private /health would never be seen healthy, so it is refused."""
+    plan = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048}}
+    box_vars = {"vllm_plan": plan, "caddy_users": USERS, "caddy_tls_mode": "off", "caddy_front_user_key": FLEET_KEY}
+    caddyfile = render(tmp_path, {"gpu1": box_vars})["gpu1"]
+    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s\n", caddyfile)
+    assert FLEET_KEY not in caddyfile  # its SHA-256 only
+    (tmp_path / "private").mkdir()
+    run = play(tmp_path / "private", {"gpu1": {**box_vars, "caddy_health_public": False}})
+    assert run.returncode != 0 and "caddy_health_public" in run.stdout
