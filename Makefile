@@ -7,15 +7,16 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export TESTBED_CACHE ?= /var/cache/teamserve-testbed
-# default: check mode on a fresh box, the whole site.yml, then verify.yml and its tests (the engine, the
-# gateway, admission under a flood, upgrade.yml's rollback and switch); gpu_host: Debian 12 + 13, the
-# driver upgrade path; caddy: keys, expiry, server full; firewall: the traffic matrix across restarts.
+# default: the whole site.yml, then verify.yml and its tests (the engine, the gateway, admission under a
+# flood, upgrade.yml's rollback and switch); check: site.yml in check mode on a fresh box and front;
+# gpu_host: Debian 12 + 13, the driver upgrade path; caddy: keys, expiry, server full; firewall: the traffic
+# matrix across restarts.
 # Lanes run side by side, the items of a lane one after the other; "--" waits for every lane before it.
-# Three phases: default's converge beside gpu_host (the two longest, about equal); verify.yml alone (its
-# TTFT/TPOT check missed the testbed's targets with gpu_host beside it); then default's testinfra beside
-# the two engine-free scenarios, which are light next to gpu_host's package installs.
+# Three phases: default's converge beside gpu_host (the two longest; lint and unit run beside them, see
+# `test`); verify.yml alone (its TTFT/TPOT check missed the testbed's targets with gpu_host beside it); then
+# default's testinfra beside the engine-free scenarios, which are light next to gpu_host's package installs.
 # Logs: MOLECULE_LOG_DIR/<scenario>.log.
-MOLECULE_LANES ?= default:destroy+syntax+check+converge+idempotence gpu_host -- default:side-effect -- default:verify+destroy caddy,firewall
+MOLECULE_LANES ?= default:destroy+syntax+converge+idempotence gpu_host -- default:side-effect -- default:verify+destroy caddy,firewall,check
 MOLECULE_SCENARIOS = $(notdir $(patsubst %/,%,$(dir $(wildcard molecule/*/molecule.yml))))
 export MOLECULE_LOG_DIR ?= $(CURDIR)/.cache/molecule-logs
 
@@ -43,6 +44,13 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff and mypy (config
 	ansible-lint --profile production
 	ruff check .
 	mypy
+	tools/role_docs.sh --check
+
+# aar-doc writes each role README's part between <!-- BEGIN_ANSIBLE_DOCS --> and <!-- END_ANSIBLE_DOCS -->
+# (tools/role_docs.sh, tools/role_variables.md.j2); `lint` fails when a README is not current.
+docs: venv ## Regenerate the variable reference in each role's README from meta/argument_specs.yml
+	tools/role_docs.sh
+.PHONY: docs
 
 # promtool, amtool and mtail for the monitoring role's unit tests: the pinned Debian packages, unpacked.
 MONITORING_TOOLS := $(CURDIR)/.cache/monitoring-tools
@@ -60,9 +68,16 @@ molecule: testbed ## Molecule scenarios in lanes and phases (MOLECULE_LANES="cad
 	tests/molecule-lanes.sh $(MOLECULE_LANES)
 
 # lint and unit are single-threaded Python for the most part: side by side they use both cores.
-test: ## Every test: lint and unit side by side, then the molecule scenarios on the testbed
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit
-	$(MAKE) --no-print-directory molecule
+# lint and unit run beside molecule's first phase (converge and gpu_host's installs wait on the network and
+# on apt more than they use the two cores); their output comes after molecule's, from .cache/lint-unit.log.
+test: venv testbed $(MONITORING_TOOLS)/versions ## Every test: lint and unit beside the molecule scenarios on the testbed
+	@mkdir -p .cache
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint unit > .cache/lint-unit.log 2>&1 & checks=$$!; \
+	  start=$$SECONDS; tests/molecule-lanes.sh $(MOLECULE_LANES) && molecule_rc=0 || molecule_rc=$$?; \
+	  wait $$checks && checks_rc=0 || checks_rc=$$?; \
+	  echo "=== lint and unit (beside molecule; exit $$checks_rc)"; cat .cache/lint-unit.log; \
+	  echo "molecule: exit $$molecule_rc after $$((SECONDS - start)) s; lint and unit: exit $$checks_rc"; \
+	  exit $$((molecule_rc || checks_rc))
 
 clean: ## Destroy the testbed boxes (the caches stay)
 	for s in $(MOLECULE_SCENARIOS); do molecule destroy -s $$s || true; done

@@ -80,3 +80,13 @@ def test_filter_passes_the_trust_flag(tiny_model, workload) -> None:
     result = _filters()["teamserve_capacity_plan"](tiny_model, workload, [RTX_PRO_6000],
                                                    dict(ENGINE, users_trust_each_other=False))
     assert [a["id"] for a in result["advice"]] == ["untrusted_users"]
+
+
+def test_plan_changes_name_each_flag_that_differs():
+    """What site.yml's preflight says when the plan differs from the one the engine runs."""
+    changes = _filters()["teamserve_plan_changes"]
+    recorded = {"max-num-seqs": 8, "max-model-len": 2048, "kv-cache-dtype": "auto"}
+    assert changes(recorded, dict(recorded)) == []
+    assert changes(recorded, {"max-num-seqs": 16, "max-model-len": 2048, "enable-prefix-caching": True}) == [
+        "enable-prefix-caching: (none) -> True", "kv-cache-dtype: auto -> (none)", "max-num-seqs: 8 -> 16"]
+    assert changes({}, {"max-num-seqs": 8}) == ["max-num-seqs: (none) -> 8"]

@@ -157,18 +157,28 @@ def test_metrics_site_on_loopback_only_and_off_at_zero(tmp_path):
                      "off": {"caddy_metrics_url": ""}}
 
 
-@pytest.mark.parametrize("maintenance", [False, True])
-def test_every_error_answer_labels_its_refusal_in_the_access_log(tmp_path, maintenance):
+def test_every_error_answer_labels_its_refusal_in_the_access_log(tmp_path):
     """Each OpenAI-style error the gateway writes goes through one snippet that also sets the access log's
     `refused` field to the error's code; every code it answers with is one of the known kinds."""
-    caddyfile = render(tmp_path, {"box": {"vllm_plan": PLAN, "caddy_users": USERS,
-                                          "caddy_maintenance": maintenance}})["box"]
+    caddyfile = render(tmp_path, {"box": {"vllm_plan": PLAN, "caddy_users": USERS}})["box"]
     snippet = caddyfile.split("(openai_error) {\n", 1)[1].split("\n}\n", 1)[0]
     assert snippet.startswith("\tlog_append refused {args[3]}\n")
     codes = set(re.findall(r"^\s*import openai_error \d{3} .* (\S+)$", caddyfile, re.M))
-    assert codes == REFUSALS - ({"maintenance"} if not maintenance else set())
-    if maintenance:
-        assert "\t\t\tlog_append refused maintenance\n" in caddyfile  # the public /health answer
+    assert codes == REFUSALS
+    assert "\t\t\t\tlog_append refused maintenance\n" in caddyfile  # the public /health answer while draining
+
+
+def test_draining_and_maintenance_are_flag_files_read_per_request(tmp_path):
+    """The Caddyfile is the same in every state: /health and the API look for the state flag files that
+    the `state` entry point writes, and take Retry-After from them (no re-render, no reload)."""
+    caddyfile = render(tmp_path, {"box": {"vllm_plan": PLAN, "caddy_users": USERS,
+                                          "caddy_state_dir": "/run/gw-state"}})["box"]
+    assert "\t\t\t\troot /run/gw-state\n\t\t\t\ttry_files /draining\n" in caddyfile
+    assert "\t\t\t\troot /run/gw-state\n\t\t\t\ttry_files /maintenance\n" in caddyfile
+    assert "header Retry-After {file./run/gw-state/draining}" in caddyfile
+    assert "header Retry-After {file./run/gw-state/maintenance}" in caddyfile
+    # The maintenance answer comes before any limit, so a drained box never counts a refused request.
+    assert caddyfile.index("handle @maintenance {") < caddyfile.index("import user_inflight\n")
 
 
 @pytest.mark.parametrize("port,problem", [(8443, "other than"), (80, "1024-65535"), ("metrics", "1024-65535")])

@@ -545,7 +545,7 @@ def test_table_and_merge():
 
 
 # --- the upgrade's Retry-After while draining -------------------------------------------------------------
-retry = load("teamserve_upgrade_filters", "roles/teamserve_upgrade/filter_plugins/teamserve_upgrade.py")
+retry = load("teamserve_filters", "roles/teamserve/filter_plugins/teamserve.py")
 
 
 def test_retry_after_is_the_last_deploys_cold_start_rounded_up():

@@ -14,7 +14,7 @@ import uuid
 
 import httpx2 as httpx  # the HTTP library openai 3.x is built on
 import pytest
-from conftest import VARS, access_log_entry, run_converge
+from conftest import SCENARIO, VARS, access_log_entry, run_converge
 from test_gateway import client, engine_stats
 
 DEAD_UPSTREAM = "127.0.0.1:8009"  # nothing listens there on the box
@@ -127,9 +127,31 @@ def test_fallback_keeps_the_user_in_flight_cap(fallback_gateway, base_url, ca_fi
     assert results == ["200"] * erin_cap + ["concurrency_limit_exceeded"] * 2, results
 
 
+def set_state(state: str) -> None:
+    """The caddy role's `state` entry point, as the drain runs it."""
+    run = run_converge({"caddy_state": state, "caddy_maintenance_retry_after": 42}, playbook=SCENARIO / "state.yml")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
 def test_draining_the_fallback_answers(fallback_gateway, host, base_url, ca_file, keys):
-    converge(keys, dict(FALLBACK, caddy_maintenance=True))
+    """Maintenance is a flag file: the Caddyfile and Caddy's process stay as they are (no reload), the
+    fallback answers API requests and /health says 503 with the Retry-After written into the file; back to
+    serving, the engine answers again."""
+    converge(keys, FALLBACK)  # the engine answering again (the tests above pointed the gateway elsewhere)
+    caddyfile = host.check_output("sha256sum /etc/caddy/Caddyfile")
+    caddy_pid = host.check_output("systemctl show -p MainPID --value caddy")
+    health = base_url.removesuffix("/v1") + "/health"
+    set_state("maintenance")
+    try:
+        model, entry = asked(host, base_url, ca_file, keys["bob"])
+        assert model == VARS["fixture_fallback_model"]
+        assert entry["user"] == "bob" and entry["upstream"] == "fallback"
+        answer = httpx.get(health, verify=ca_file, timeout=10)
+        assert (answer.status_code, answer.headers.get("retry-after")) == (503, "42")
+    finally:
+        set_state("serving")
+    assert httpx.get(health, verify=ca_file, timeout=10).status_code == 200
     model, entry = asked(host, base_url, ca_file, keys["bob"])
-    assert model == VARS["fixture_fallback_model"]
-    assert entry["user"] == "bob" and entry["upstream"] == "fallback"
-    assert httpx.get(base_url.removesuffix("/v1") + "/health", verify=ca_file, timeout=10).status_code == 503
+    assert model == "fixture" and "upstream" not in entry
+    assert host.check_output("sha256sum /etc/caddy/Caddyfile") == caddyfile
+    assert host.check_output("systemctl show -p MainPID --value caddy") == caddy_pid

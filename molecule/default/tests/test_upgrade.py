@@ -198,7 +198,8 @@ def previous_release(host, release_refused, keys) -> dict:
     assert digest.startswith("sha256:") and version == "0.31.0"
     set_pin(digest, vllm_version=version)
     started = time.monotonic()
-    result = ansible_playbook(PROJECT / "site.yml")
+    # The deploy's own cold start is recorded; the restart site.yml would measure after it is read by no test.
+    result = ansible_playbook(PROJECT / "site.yml", {"vllm_cold_start_measure": "never"})
     return {"result": result, "seconds": time.monotonic() - started, "digest": digest, "version": version,
             "engine": engine(host), "recorded": deployed(host), "served": served_version(keys["alice"])}
 

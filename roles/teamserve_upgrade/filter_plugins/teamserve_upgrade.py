@@ -1,40 +1,12 @@
-"""Filters of the upgrade: the Retry-After users get while the gateway drains
-(``teamserve_retry_after``), and what a change of pins does to the engine (``teamserve_engine_changes``).
+"""Filter of the upgrade: what a change of pins does to the engine (``teamserve_engine_changes``).
 
-    {{ history_lines | teamserve_retry_after(60) }}
     {{ recorded_engine | teamserve_engine_changes(new_engine) }}
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable
 from typing import Any
-
-
-def teamserve_retry_after(lines: Iterable[str], fallback: Any) -> int:
-    """Seconds until the engine is expected back, from the box's cold-start history.
-
-    Input: the lines of the vllm role's ``vllm_cold_start_history`` (JSON objects with ``trigger``,
-    ``deploy`` or ``restart``, and ``seconds_to_health``); ``fallback`` (seconds) when no start was
-    measured. Output: the last ``deploy`` start's seconds to /health rounded up (an upgrade recreates
-    the engine the way a deploy does), else the last ``restart``'s, else ``fallback``; at least 1.
-    Lines that are not JSON objects with a numeric ``seconds_to_health`` are skipped.
-    """
-    last: dict[str, float] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        seconds = record.get("seconds_to_health") if isinstance(record, dict) else None
-        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
-            last[str(record.get("trigger"))] = float(seconds)
-    for trigger in ("deploy", "restart"):
-        if trigger in last:
-            return max(1, math.ceil(last[trigger]))
-    return max(1, int(fallback))
 
 
 def _flags(argv: Iterable[Any]) -> dict[str, list[str]]:
@@ -84,7 +56,7 @@ def teamserve_engine_changes(old: Any, new: Any) -> list[str]:
 
 
 class FilterModule:
-    """Registers teamserve_retry_after."""
+    """Registers teamserve_engine_changes."""
 
     def filters(self) -> dict[str, Any]:
-        return {"teamserve_retry_after": teamserve_retry_after, "teamserve_engine_changes": teamserve_engine_changes}
+        return {"teamserve_engine_changes": teamserve_engine_changes}

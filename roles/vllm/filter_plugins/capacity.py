@@ -1,6 +1,8 @@
-"""Ansible filter ``teamserve_capacity_plan``: the capacity planner for the vllm role.
+"""Ansible filters ``teamserve_capacity_plan``, the capacity planner for the vllm role, and
+``teamserve_plan_changes``, what a new plan changes in the engine's planned flags.
 
     {{ vllm_model | teamserve_capacity_plan(vllm_workload, vllm_gpus, vllm_engine) }}
+    {{ recorded_plan.flags | teamserve_plan_changes(vllm_plan.flags) }}
 
 Returns the planner's dict (fits, verdict, levers, advice, table, numbers,
 flags, layers, admission); ``vllm_model.checkpoint`` may carry the weights'
@@ -53,8 +55,20 @@ def teamserve_capacity_plan(model: Any, workload: Any, gpus: Any, engine: Any = 
         raise AnsibleFilterError(f"teamserve_capacity_plan: {err}") from err
 
 
+def teamserve_plan_changes(recorded_flags: Any, planned_flags: Any) -> list[str]:
+    """The planned engine flags that differ from the recorded ones, one line each.
+
+    Inputs: two mappings of ``vllm serve`` option names (without dashes) to values, as in
+    ``vllm_plan.flags`` (the plan the box's engine runs, and the one just computed). Output: sorted lines
+    ``"max-num-seqs: 8 -> 16"``; a flag only one side has shows ``(none)`` on the other. Empty when equal.
+    """
+    before, after = _plain(recorded_flags or {}), _plain(planned_flags or {})
+    return [f"{flag}: {before.get(flag, '(none)')} -> {after.get(flag, '(none)')}"
+            for flag in sorted(set(before) | set(after)) if before.get(flag) != after.get(flag)]
+
+
 class FilterModule:
     """Registers the teamserve_capacity_plan filter."""
 
     def filters(self) -> dict[str, Any]:
-        return {"teamserve_capacity_plan": teamserve_capacity_plan}
+        return {"teamserve_capacity_plan": teamserve_capacity_plan, "teamserve_plan_changes": teamserve_plan_changes}
