@@ -190,3 +190,16 @@ def test_an_unusable_metrics_port_is_refused(tmp_path, port, problem):
            "caddy_listen_port=8443" in output, output[-2000:]
     assert not (tmp_path / "box.Caddyfile").exists()
 
+
+
+def test_admission_counts_engine_sequences(tmp_path):
+    """Each request is charged the engine sequences it asks for (request_cost reads n and the prompts from
+    its body, bounded by the body limit) before the per-user cap counts them, on the engine and the
+    fallback paths alike."""
+    caddyfile = render(tmp_path, {"box": {"vllm_plan": PLAN, "caddy_users": USERS}})["box"]
+    snippet = caddyfile.split("(user_inflight) {\n", 1)[1].split("\n}\n", 1)[0]
+    assert "\t\tlimit {teamserve_max_inflight}\n\t\tcost {teamserve_cost}\n" in snippet
+    route = caddyfile.split("\troute {\n", 1)[1]
+    cost = route.index("\t\trequest_cost {teamserve_cost} {\n\t\t\tmax_size ")
+    assert cost < route.index("\t\timport user_inflight\n") < route.index("reverse_proxy @proxied")
+    assert caddyfile.count("request_cost {teamserve_cost}") == 1

@@ -3,12 +3,15 @@ frank's key expiring a minute after it was added. None of it may restart Caddy o
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from conftest import EPHEMERAL, SCENARIO, access_log_entries, run_converge
 from test_gateway import assert_openai_error, raw
 
 PLAYBOOKS = SCENARIO.parents[1] / "playbooks"
+# The one format of every key teamserve issues (playbooks/users.yml, the testbed).
+KEY_FORMAT = re.compile(r"sk-ts-[A-Za-z0-9]{48}")
 
 
 def test_revoked_key_gets_401(base_url, ca_file, gateway_vars):
@@ -18,13 +21,13 @@ def test_revoked_key_gets_401(base_url, ca_file, gateway_vars):
 
 def test_rotated_key_replaces_the_old_one(base_url, ca_file, gateway_vars, keys):
     old_bob = gateway_vars["caddy_user_keys"]["bob"]
-    assert keys["bob"] != old_bob and len(keys["bob"]) == 48
+    assert keys["bob"] != old_bob and KEY_FORMAT.fullmatch(keys["bob"])
     assert_openai_error(raw(base_url, ca_file, "/v1/models", old_bob), 401, "invalid_api_key")
     assert raw(base_url, ca_file, "/v1/models", keys["bob"]).status_code == 200
 
 
 def test_issued_key_works(base_url, ca_file, keys):
-    assert keys["dave"].isalnum() and len(keys["dave"]) == 48  # 48 x log2(62) = 285 bits
+    assert KEY_FORMAT.fullmatch(keys["dave"])  # 48 x log2(62) = 285 bits behind the prefix
     assert raw(base_url, ca_file, "/v1/models", keys["dave"]).status_code == 200
 
 

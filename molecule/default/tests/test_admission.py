@@ -210,3 +210,24 @@ def test_per_request_ceilings_come_from_the_plan(host, testbed_vars, keys, gatew
                                           extra_body={"ignore_eos": True})
     assert long.usage.completion_tokens == ceilings["max_output_tokens"]
     assert long.choices[0].finish_reason == "length"
+
+
+def test_admission_charges_each_request_its_engine_sequences(host, testbed_vars, keys, gateway_verify):
+    """A completions call carries n x its prompts sequences into the engine's batch, and the gateway charges
+    them: bob (the default share, a quarter of max-num-seqs) is served a call that asks for exactly his
+    share, gets 400 too_many_sequences naming the prompt list and his share for one more prompt (retrying
+    cannot help, so not a 429), and a malformed n is refused naming n; none of it moves his counts (his
+    next call at his share is served)."""
+    share = user_inflight_share(engine_flag(host, "max-num-seqs"))
+    client = openai.OpenAI(base_url=base_url(testbed_vars), api_key=keys["bob"], max_retries=0,
+                           http_client=httpx.Client(verify=gateway_verify, timeout=300))
+    served = client.completions.create(model="tiny", prompt=["Count."] * share, max_tokens=2)
+    assert len(served.choices) == share
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.completions.create(model="tiny", prompt=["Count."] * (share + 1), max_tokens=2)
+    assert (too_many.value.code, too_many.value.param) == ("too_many_sequences", "prompt")
+    assert f"asks for {share + 1} sequences" in str(too_many.value) and f"{share} sequences at once" in str(too_many.value)
+    with pytest.raises(openai.BadRequestError) as bad_n:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], n=0, max_tokens=2)
+    assert bad_n.value.param == "n"
+    assert len(client.completions.create(model="tiny", prompt=["Count."] * share, max_tokens=2).choices) == share

@@ -4,12 +4,22 @@
 //   - api_key_map (keymap.go, http.handlers.api_key_map): bearer key -> placeholders (user name,
 //     limits), from the keys' SHA-256 only, in one hash-table lookup per request whatever the number
 //     of keys;
-//   - inflight_limit (inflight.go, http.handlers.inflight_limit): at most N requests in flight per
-//     key, 429 beyond;
+//   - inflight_limit (inflight.go, http.handlers.inflight_limit): at most N in flight per key,
+//     counted in requests or, with `cost`, in engine sequences; 429 beyond, 400 for one request
+//     larger than N; the key's in-flight sum as placeholders for the handlers after it;
 //   - request_model (requestmodel.go, http.handlers.request_model): the JSON body's top-level "model"
 //     string -> a placeholder, for matchers (a front gateway routing each model to its boxes), the
 //     body forwarded unchanged;
+//   - request_cost (requestcost.go, http.handlers.request_cost): the engine sequences a request asks
+//     for (n x prompts, as vLLM counts them) -> a placeholder for inflight_limit's `cost`; 400 for an
+//     n or a prompt list the engine would refuse; the body forwarded unchanged;
+//   - request_priority (requestpriority.go, http.handlers.request_priority): the JSON body's
+//     "priority" (vLLM --scheduling-policy priority) set from the user's in-flight sequences and fair
+//     share, never the client's;
 //   - lb_policy capacity (capacity.go, http.reverse_proxy.selection_policies.capacity): reverse_proxy
 //     upstream selection by each upstream's share of its own in-flight cap, never past the cap,
 //     optionally sticky per key (weighted rendezvous hashing).
+//
+// request_model, request_cost and request_priority read a request's body once between them (body.go)
+// and read its JSON as the engine does (jsondoc.go).
 package gateway

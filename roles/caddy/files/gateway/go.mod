@@ -1,4 +1,4 @@
-// The gateway's own Caddy modules (http.handlers.inflight_limit, http.handlers.api_key_map), compiled into the
+// The gateway's own Caddy modules (listed in doc.go), compiled into the
 // role's Caddy with xcaddy --with teamserve.invalid/caddy/gateway@v0.0.0=<this directory>. The module path is
 // under the reserved .invalid TLD (RFC 2606): it is never fetched, always replaced by this directory.
 // Pins: caddy v2.11.9 = the role's caddy_version (inventories/*/group_vars/teamserve/lock.yml); every

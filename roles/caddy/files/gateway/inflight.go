@@ -1,25 +1,51 @@
-// inflight_limit is a Caddy HTTP handler that caps the number of requests in flight per key
-// (for teamserve: per user), so that one client cannot hold every slot of the engine's batch.
+// inflight_limit is a Caddy HTTP handler that caps what one key (for teamserve: one user) has in
+// flight, so that one client cannot hold every slot of the engine's batch. What counts is each
+// request's cost: 1 per request by default, or, with `cost`, the engine sequences it asks for (set by
+// request_cost), so that a request with n=8 holds 8 of the user's slots, as it holds 8 of the batch.
 //
 // Caddyfile:
 //
 //	inflight_limit {
 //		key         {teamserve_user}            # placeholder(s) naming the bucket
 //		limit       {teamserve_inflight_limit}  # an integer >= 1, or placeholder(s) that give one
+//		cost        {teamserve_cost}            # optional: each request's cost (default 1)
 //		retry_after 1                           # seconds, sent in Retry-After on 429
 //	}
 //
-// A request whose key already has `limit` requests in flight is answered at once with 429, a
-// Retry-After header and an OpenAI-style JSON error (code "concurrency_limit_exceeded"); it is not
-// queued, and its access-log entry gets the field "refused": "concurrency_limit_exceeded". A slot is
-// held until the rest of the handler chain returns: for reverse_proxy that is when the response (a
-// whole SSE stream included) has been copied or the client has gone away. The slot is released on
-// panics too. Cost per request: one map lookup under a mutex; empty buckets are deleted,
-// so memory follows the keys in flight, not the keys ever seen.
+// The key's in-flight sum of costs never exceeds `limit`:
+//
+//   - a request whose own cost is more than `limit` is answered at once with 400 and an OpenAI-style
+//     JSON error (type invalid_request_error, code "too_many_sequences", param the field to lower:
+//     "n" or the prompt list), since waiting cannot help; its access-log entry gets "refused":
+//     "too_many_sequences";
+//   - a request that would take the sum past `limit` is answered at once with 429, a Retry-After
+//     header and an OpenAI-style JSON error (code "concurrency_limit_exceeded"); it is not queued, and
+//     its access-log entry gets "refused": "concurrency_limit_exceeded".
+//
+// A request with nothing of its key in flight is always admitted if its cost fits the limit.
+//
+// An admitted request holds its cost until the rest of the handler chain returns: for reverse_proxy
+// that is when the response (a whole SSE stream included) has been copied or the client has gone
+// away, and on upstream errors and panics too. The sums are shared across graceful reloads (a usage
+// pool keyed by the key expression), so requests that started under the old config count under the
+// new one and give their cost back to the same sum. Cost per request: one map access under a mutex;
+// empty buckets are deleted, so memory follows the keys in flight, not the keys ever seen.
+//
+// For the handlers after it (request_priority), an admitted request gets the placeholders
+//
+//	{inflight_limit.in_flight}  the key's in-flight cost including this request, at admission
+//	{inflight_limit.limit}      the limit applied
+//	{inflight_limit.cost}       this request's cost
+//
+// (with two inflight_limit handlers in one chain, the later one's values).
+//
+// A limit or cost placeholder that gives no usable number (an integer >= 1) is a configuration error:
+// 500, logged, and the request is not forwarded.
 
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -38,6 +64,17 @@ import (
 // limiter's "rate_limit_exceeded" so clients can tell "too many at once" from "too many per window".
 const ErrorCode = "concurrency_limit_exceeded"
 
+// TooManySequencesCode is the OpenAI-style error code of the 400 for a request whose own cost is more
+// than its key's limit: it could never be admitted, so it is not a 429 to retry.
+const TooManySequencesCode = "too_many_sequences"
+
+// The placeholders an admitted request gets (see the file comment).
+const (
+	InFlightPlaceholder = "inflight_limit.in_flight"
+	LimitPlaceholder    = "inflight_limit.limit"
+	CostPlaceholder     = "inflight_limit.cost"
+)
+
 func init() {
 	caddy.RegisterModule(Handler{})
 	httpcaddyfile.RegisterHandlerDirective("inflight_limit", parseCaddyfile)
@@ -49,9 +86,13 @@ func init() {
 type Handler struct {
 	// Key names the bucket; placeholders are expanded per request. Required.
 	Key string `json:"key,omitempty"`
-	// Limit is the most requests one key may have in flight: an integer >= 1, or placeholders that
-	// expand to one per request (so each user can have their own limit). Required.
+	// Limit is the most one key may have in flight (the sum of its requests' costs): an integer >= 1,
+	// or placeholders that expand to one per request (so each user can have their own limit).
+	// Required.
 	Limit string `json:"limit,omitempty"`
+	// Cost is each request's cost (engine sequences): an integer >= 1, or placeholders that expand to
+	// one per request, such as request_cost's destination. Default 1 per request.
+	Cost string `json:"cost,omitempty"`
 	// RetryAfter is the Retry-After value in seconds on a refusal. Default 1.
 	RetryAfter int `json:"retry_after,omitempty"`
 
@@ -60,7 +101,7 @@ type Handler struct {
 	logger   *zap.Logger
 }
 
-// counters is the shared state: requests in flight per key.
+// counters is the shared state: the sum of the costs in flight per key.
 type counters struct {
 	mu    sync.Mutex
 	byKey map[string]int
@@ -115,6 +156,11 @@ func (h *Handler) Validate() error {
 			return fmt.Errorf("inflight_limit: limit %q: %v", h.Limit, err)
 		}
 	}
+	if h.Cost != "" && !strings.Contains(h.Cost, "{") {
+		if _, err := parseLimit(h.Cost); err != nil {
+			return fmt.Errorf("inflight_limit: cost %q: %v", h.Cost, err)
+		}
+	}
 	if h.RetryAfter < 0 {
 		return fmt.Errorf("inflight_limit: retry_after %d must be >= 1 second", h.RetryAfter)
 	}
@@ -141,36 +187,38 @@ func parseLimit(s string) (int, error) {
 	return n, nil
 }
 
-// acquire takes a slot for key unless limit are in use; it returns whether it did.
-func (c *counters) acquire(key string, limit int) bool {
+// acquire adds cost to key's sum unless that would take it past limit; it returns the sum with this
+// request (or the sum without it, when refused) and whether it did.
+func (c *counters) acquire(key string, cost, limit int) (int, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.byKey[key] >= limit {
-		return false
+	current := c.byKey[key]
+	if cost > limit-current {
+		return current, false
 	}
-	c.byKey[key]++
-	return true
+	c.byKey[key] = current + cost
+	return current + cost, true
 }
 
-// release gives a slot back; the entry is removed at zero.
-func (c *counters) release(key string) {
+// release takes cost off key's sum; the entry is removed at zero.
+func (c *counters) release(key string, cost int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if n := c.byKey[key]; n <= 1 {
+	if n := c.byKey[key] - cost; n <= 0 {
 		delete(c.byKey, key)
 	} else {
-		c.byKey[key] = n - 1
+		c.byKey[key] = n
 	}
 }
 
-// inFlight returns the requests in flight for key and the number of keys with any (for tests).
+// inFlight returns the cost in flight for key and the number of keys with any (for tests).
 func (c *counters) inFlight(key string) (int, int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.byKey[key], len(c.byKey)
 }
 
-// ServeHTTP counts the request against its key for as long as the rest of the chain runs.
+// ServeHTTP counts the request's cost against its key for as long as the rest of the chain runs.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	key := repl.ReplaceAll(h.Key, "")
@@ -181,12 +229,46 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.logger.Error("inflight_limit: unusable limit", zap.String("limit", limitText), zap.Error(err))
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("inflight_limit: limit %q: %v", limitText, err))
 	}
-	if !h.counters.acquire(key, limit) {
-		logRefusal(r)
-		return h.refuse(w, limit)
+	cost, err := h.requestCost(repl)
+	if err != nil {
+		h.logger.Error("inflight_limit: unusable cost", zap.Error(err))
+		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	defer h.counters.release(key)
+	if cost.Sequences > limit {
+		logRefusal(r, TooManySequencesCode)
+		return refuseTooManySequences(w, cost, limit)
+	}
+	inFlight, ok := h.counters.acquire(key, cost.Sequences, limit)
+	if !ok {
+		logRefusal(r, ErrorCode)
+		return h.refuse(w, limit, cost.Sequences, inFlight)
+	}
+	defer h.counters.release(key, cost.Sequences)
+	repl.Set(InFlightPlaceholder, inFlight)
+	repl.Set(LimitPlaceholder, limit)
+	repl.Set(CostPlaceholder, cost.Sequences)
 	return next.ServeHTTP(w, r)
+}
+
+// requestCost is this request's cost: 1 without a cost option; request_cost's Cost when the option is
+// that one placeholder (so the 400 can name the field); else the number the placeholders expand to.
+func (h *Handler) requestCost(repl *caddy.Replacer) (Cost, error) {
+	if h.Cost == "" {
+		return unitCost, nil
+	}
+	if strings.Count(h.Cost, "{") == 1 && strings.HasPrefix(h.Cost, "{") && strings.HasSuffix(h.Cost, "}") {
+		if value, ok := repl.Get(h.Cost[1 : len(h.Cost)-1]); ok {
+			if cost, ok := value.(Cost); ok && cost.Sequences >= 1 {
+				return cost, nil
+			}
+		}
+	}
+	text := repl.ReplaceAll(h.Cost, "")
+	n, err := parseLimit(text)
+	if err != nil {
+		return Cost{}, fmt.Errorf("inflight_limit: cost %q (from %s): %v", text, h.Cost, err)
+	}
+	return Cost{Sequences: n, N: 1, Prompts: 1}, nil
 }
 
 // RefusedLogField names the access-log field that carries the error code of a refusal; the gateway's
@@ -194,11 +276,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // count refusals by kind and tell this 429 from the rate limiter's.
 const RefusedLogField = "refused"
 
-// logRefusal adds `refused` to the request's access-log entry. The extra fields exist only inside
-// Caddy's HTTP server: elsewhere (a bare handler in a test) there is nothing to add to.
-func logRefusal(r *http.Request) {
+// logRefusal adds `refused` = code to the request's access-log entry. The extra fields exist only
+// inside Caddy's HTTP server: elsewhere (a bare handler in a test) there is nothing to add to.
+func logRefusal(r *http.Request, code string) {
 	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok && extra != nil {
-		extra.Add(zap.String(RefusedLogField, ErrorCode))
+		extra.Set(zap.String(RefusedLogField, code))
 	}
 }
 
@@ -213,22 +295,50 @@ type openAIErrorBody struct {
 	Code    string  `json:"code"`
 }
 
-// refuse writes the 429 in the shape of OpenAI's API errors, as the gateway's other errors are.
-func (h *Handler) refuse(w http.ResponseWriter, limit int) error {
-	body, err := json.Marshal(openAIError{Error: openAIErrorBody{
-		Message: fmt.Sprintf("Too many requests in flight for this API key (limit %d). Wait for one to finish; "+
-			"retry after the number of seconds in the Retry-After header.", limit),
-		Type: "requests",
-		Code: ErrorCode,
-	}})
-	if err != nil {
+// writeOpenAIError writes an error in the shape of OpenAI's API errors, as the gateway's other errors
+// are: {"error": {"message", "type", "param" (null when ""), "code"}}, with Retry-After (seconds)
+// when retryAfter > 0.
+func writeOpenAIError(w http.ResponseWriter, status int, message, typ, param, code string, retryAfter int) error {
+	e := openAIErrorBody{Message: message, Type: typ, Code: code}
+	if param != "" {
+		e.Param = &param
+	}
+	var body bytes.Buffer
+	encoder := json.NewEncoder(&body)
+	encoder.SetEscapeHTML(false) // ">=" as written, not "\u003e="
+	if err := encoder.Encode(openAIError{Error: e}); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Retry-After", strconv.Itoa(h.RetryAfter))
-	w.WriteHeader(http.StatusTooManyRequests)
-	_, err = w.Write(body)
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.WriteHeader(status)
+	_, err := w.Write(bytes.TrimSuffix(body.Bytes(), []byte("\n")))
 	return err
+}
+
+// refuse writes the 429. cost is the request's, inFlight the key's sum without it.
+func (h *Handler) refuse(w http.ResponseWriter, limit, cost, inFlight int) error {
+	message := fmt.Sprintf("Too many requests in flight for this API key (limit %d). Wait for one to finish; "+
+		"retry after the number of seconds in the Retry-After header.", limit)
+	if h.Cost != "" {
+		message = fmt.Sprintf("Too many sequences in flight for this API key (limit %d): %d in flight, and this "+
+			"request needs %d. Wait for one to finish; retry after the number of seconds in the Retry-After header.",
+			limit, inFlight, cost)
+	}
+	return writeOpenAIError(w, http.StatusTooManyRequests, message, "requests", "", ErrorCode, h.RetryAfter)
+}
+
+// refuseTooManySequences writes the 400 for a request that costs more than the key's whole limit.
+func refuseTooManySequences(w http.ResponseWriter, cost Cost, limit int) error {
+	asks := fmt.Sprintf("%d sequences", cost.Sequences)
+	if factors := cost.Factors(); factors != "" {
+		asks += " (" + factors + ")"
+	}
+	message := fmt.Sprintf("This request asks for %s; your share of the engine is %d sequences at once. "+
+		"Send at most %d per request: lower n, or split the prompts over several requests.", asks, limit, limit)
+	return writeOpenAIError(w, http.StatusBadRequest, message, "invalid_request_error", cost.Param(), TooManySequencesCode, 0)
 }
 
 // UnmarshalCaddyfile reads
@@ -236,6 +346,7 @@ func (h *Handler) refuse(w http.ResponseWriter, limit int) error {
 //	inflight_limit [<key> <limit>] {
 //		key <placeholder>
 //		limit <n|placeholder>
+//		cost <n|placeholder>
 //		retry_after <seconds>
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -260,6 +371,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.Limit = d.Val()
+		case "cost":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			h.Cost = d.Val()
 		case "retry_after":
 			if !d.NextArg() {
 				return d.ArgErr()
@@ -270,7 +386,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.RetryAfter = n
 		default:
-			return d.Errf("unknown inflight_limit option %q (key, limit, retry_after)", d.Val())
+			return d.Errf("unknown inflight_limit option %q (key, limit, cost, retry_after)", d.Val())
 		}
 		if d.NextArg() {
 			return d.ArgErr()

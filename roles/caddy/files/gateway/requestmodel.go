@@ -29,18 +29,16 @@
 // Order: after request_body, whose max_size bounds the read (its 413 passes through unchanged), and
 // before the handlers that match on the value. A body larger than max_size here is refused with 413
 // too, before more than max_size+1 bytes are read. The body is held in memory for the request's
-// lifetime, once: the lookup walks it in place without decoding the rest of it. Cost: a JSON validity
-// pass and that walk, a few milliseconds per MiB of body.
+// lifetime, once: the lookup walks it in place without decoding the rest of it, and request_cost and
+// request_priority later in the chain use the same buffer rather than reading it again (body.go).
+// Cost: a JSON validity pass and that walk, a few milliseconds per MiB of body.
 
 package gateway
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -127,99 +125,14 @@ func (m *RequestModel) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 	if !hasJSONBody(r) {
 		return next.ServeHTTP(w, r)
 	}
-	if r.ContentLength > m.MaxSize {
-		return m.tooLarge()
-	}
-	body, err := readBody(r.Body, r.ContentLength, m.MaxSize)
-	if errors.Is(err, errBodyTooLarge) {
-		return m.tooLarge()
-	}
+	// Read once per request, by whichever of request_model, request_cost and request_priority comes
+	// first (body.go).
+	body, err := bufferedBody(r, m.MaxSize)
 	if err != nil {
-		return m.readFailed(err)
+		return bodyReadError("request_model", m.MaxSize, err, m.logger)
 	}
-	// The server closes the body it made when the handler returns; closing it now, once it is read,
-	// is what Caddy's own {http.request.body} does before it puts a buffer in its place.
-	_ = r.Body.Close()
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	repl.Set(m.name, modelField(body))
 	return next.ServeHTTP(w, r)
-}
-
-// hasJSONBody reports a request that may carry a body and says it is JSON.
-func hasJSONBody(r *http.Request) bool {
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
-		return false
-	}
-	mediaType, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";")
-	return strings.EqualFold(strings.TrimSpace(mediaType), "application/json")
-}
-
-func (m *RequestModel) tooLarge() error {
-	return caddyhttp.Error(http.StatusRequestEntityTooLarge,
-		fmt.Errorf("request_model: request body larger than %d bytes", m.MaxSize))
-}
-
-// readFailed turns an error from reading the body into the handler's error. request_body's max_size
-// already carries its 413; a client that stops sending gets 408 on the server's read timeout; any
-// other failure (a truncated body, a connection gone) is the client's: 400.
-func (m *RequestModel) readFailed(err error) error {
-	var handlerErr caddyhttp.HandlerError
-	if errors.As(err, &handlerErr) {
-		return err
-	}
-	m.logger.Debug("request_model: reading the request body failed", zap.Error(err))
-	var maxBytes *http.MaxBytesError
-	if errors.As(err, &maxBytes) {
-		return caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
-	}
-	var netErr net.Error
-	if errors.As(err, &netErr) && netErr.Timeout() {
-		return caddyhttp.Error(http.StatusRequestTimeout, fmt.Errorf("request_model: reading the request body: %w", err))
-	}
-	return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("request_model: reading the request body: %w", err))
-}
-
-var errBodyTooLarge = errors.New("request body too large")
-
-// readBody reads all of body, or fails with errBodyTooLarge after limit+1 bytes. declared is the
-// request's Content-Length (-1 if unknown). The buffer starts small and at most doubles, so it never
-// exceeds twice what the client has actually sent (a declared length alone reserves nothing), and it
-// stops at declared+1 so a body of the declared length fits with one byte to spare for seeing EOF.
-func readBody(body io.Reader, declared, limit int64) ([]byte, error) {
-	body = io.LimitReader(body, limit+1)
-	size := int64(512)
-	if declared > 0 {
-		size = min(declared+1, 64<<10)
-	}
-	buf := make([]byte, 0, size)
-	for {
-		if len(buf) == cap(buf) {
-			next := 2 * int64(cap(buf))
-			if declared > 0 && int64(len(buf)) <= declared {
-				next = min(next, declared+1)
-			}
-			grown := make([]byte, len(buf), next)
-			copy(grown, buf)
-			buf = grown
-		}
-		n, err := body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if int64(len(buf)) > limit {
-			return nil, errBodyTooLarge
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	// A chunked body may end just past a doubling: keep a right-sized copy for the request's lifetime
-	// (a stream can hold it for minutes) rather than up to twice its size.
-	if slack := cap(buf) - len(buf); slack > 4096 && slack > len(buf)/4 {
-		buf = bytes.Clone(buf)
-	}
-	return buf, nil
 }
 
 // modelField returns the top-level "model" member of doc if doc is a JSON object and that member is a
