@@ -415,6 +415,6 @@ def test_a_chat_template_file_is_mounted_and_passed_to_the_engine(host, nochat, 
     assert argv[0] == NOCHAT
     volumes = results["Describe the engine container the plan asks for"]["ansible_facts"]["__vllm_spec"]["volumes"]
     assert f"{copied}:/run/teamserve/chat-template.jinja:ro" in volumes
-    assert results["Find out whether the engine container's spec changes"]["changed"]
+    assert results["Run the engine container (dry run)"]["changed"]
     assert inspect(host)["Id"] == before["Id"]
     assert not host.file(copied).exists  # check mode
