@@ -17,8 +17,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
@@ -163,4 +165,42 @@ func readBody(body io.Reader, declared, limit int64) ([]byte, error) {
 		buf = bytes.Clone(buf)
 	}
 	return buf, nil
+}
+
+// unmarshalBodyReader reads the Caddyfile syntax request_model and request_cost share:
+//
+//	<directive> <destination placeholder> [{
+//		max_size <bytes>
+//	}]
+//
+// Returns the destination and max_size (0 when not given: the handler's default).
+func unmarshalBodyReader(d *caddyfile.Dispenser, directive, example string) (string, int64, error) {
+	d.Next() // the directive name
+	args := d.RemainingArgs()
+	if len(args) != 1 {
+		return "", 0, d.Errf("%s takes one destination placeholder, e.g. %s, got %d values", directive, example, len(args))
+	}
+	if err := checkPlaceholder(args[0]); err != nil {
+		return "", 0, d.Errf("%s: %v", directive, err)
+	}
+	var maxSize int64
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "max_size":
+			if !d.NextArg() {
+				return "", 0, d.ArgErr()
+			}
+			n, err := strconv.ParseInt(d.Val(), 10, 64)
+			if err != nil || n < 1 {
+				return "", 0, d.Errf("max_size %q must be a whole number of bytes >= 1", d.Val())
+			}
+			maxSize = n
+			if d.NextArg() {
+				return "", 0, d.ArgErr()
+			}
+		default:
+			return "", 0, d.Errf("unknown %s option %q (max_size)", directive, d.Val())
+		}
+	}
+	return args[0], maxSize, nil
 }

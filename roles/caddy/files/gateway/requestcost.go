@@ -423,33 +423,11 @@ func clip(value []byte) string {
 //		max_size <bytes>
 //	}]
 func (c *RequestCost) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the directive name
-	args := d.RemainingArgs()
-	if len(args) != 1 {
-		return d.Errf("request_cost takes one destination placeholder, e.g. {teamserve_cost}, got %d values", len(args))
+	dest, maxSize, err := unmarshalBodyReader(d, "request_cost", "{teamserve_cost}")
+	if err != nil {
+		return err
 	}
-	if err := checkPlaceholder(args[0]); err != nil {
-		return d.Errf("request_cost: %v", err)
-	}
-	c.Destination = args[0]
-	for d.NextBlock(0) {
-		switch d.Val() {
-		case "max_size":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			n, err := strconv.ParseInt(d.Val(), 10, 64)
-			if err != nil || n < 1 {
-				return d.Errf("max_size %q must be a whole number of bytes >= 1", d.Val())
-			}
-			c.MaxSize = n
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-		default:
-			return d.Errf("unknown request_cost option %q (max_size)", d.Val())
-		}
-	}
+	c.Destination, c.MaxSize = dest, maxSize
 	return nil
 }
 

@@ -40,7 +40,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -272,33 +271,11 @@ func stringValue(raw []byte) string {
 //		max_size <bytes>
 //	}]
 func (m *RequestModel) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the directive name
-	args := d.RemainingArgs()
-	if len(args) != 1 {
-		return d.Errf("request_model takes one destination placeholder, e.g. {teamserve_model}, got %d values", len(args))
+	dest, maxSize, err := unmarshalBodyReader(d, "request_model", "{teamserve_model}")
+	if err != nil {
+		return err
 	}
-	if err := checkPlaceholder(args[0]); err != nil {
-		return d.Errf("request_model: %v", err)
-	}
-	m.Destination = args[0]
-	for d.NextBlock(0) {
-		switch d.Val() {
-		case "max_size":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			n, err := strconv.ParseInt(d.Val(), 10, 64)
-			if err != nil || n < 1 {
-				return d.Errf("max_size %q must be a whole number of bytes >= 1", d.Val())
-			}
-			m.MaxSize = n
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-		default:
-			return d.Errf("unknown request_model option %q (max_size)", d.Val())
-		}
-	}
+	m.Destination, m.MaxSize = dest, maxSize
 	return nil
 }
 
