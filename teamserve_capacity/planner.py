@@ -73,6 +73,24 @@ def user_inflight_share(max_num_seqs: int) -> int:
     return max(1, int(max_num_seqs) // USER_SHARE_DIVISOR)
 
 
+def user_fair_share(max_num_seqs: int) -> int:
+    """A user's fair share of the batch, in engine sequences: ``max(1, user_inflight_share(seqs) // 2)``.
+
+    Input: the engine's --max-num-seqs, an int >= 1. Output: int >= 1, at most half of max-num-seqs when
+    max-num-seqs >= 2 (so never the whole batch, whatever the rounding).
+
+    The engine runs with ``--scheduling-policy priority`` (vLLM's V1 scheduler takes waiting requests
+    lowest ``priority`` first, ties by arrival, and preempts the highest value first when the KV cache
+    runs out: vllm/v1/core/sched/scheduler.py, 0.32.0). The gateway gives a request priority 0 while its
+    user has at most this many sequences in flight with it, and a larger value past it, so when the
+    batch is full each user's first half of their in-flight cap goes ahead of anyone's second half: a
+    user at their cap yields engine slots to a colleague within theirs. A judgement, like
+    :data:`USER_SHARE_DIVISOR`; half the cap keeps a lone user's whole cap in the batch while nobody
+    else waits (priority only orders waiting requests).
+    """
+    return max(1, user_inflight_share(max_num_seqs) // 2)
+
+
 # Share of a team generating at the same moment when a workload gives a
 # headcount (vllm_workload.users) instead of concurrent sequences. A stated
 # assumption, not a measurement: people read, think and type between
@@ -348,8 +366,9 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
         ``{fits, verdict, levers, advice, table, numbers, flags, layers, admission,
         vllm_version}`` (docs/contracts.md; ``vllm_version`` is the release the plan was made for); every byte count is per GPU. ``advice`` is a list
         of ``{id, advice, reason}`` (:mod:`teamserve_capacity.advice`);
-        ``admission`` is ``{user_max_inflight}``, the default per-user
-        in-flight share in requests (:func:`user_inflight_share`).
+        ``admission`` is ``{user_max_inflight, user_fair_share}``, in engine
+        sequences: the default per-user in-flight cap (:func:`user_inflight_share`)
+        and the share past which a user's requests lose priority (:func:`user_fair_share`).
     Raises:
         PlanError: any bad or unsupported input, before any number is produced.
     """
@@ -466,6 +485,9 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
         "tensor-parallel-size": tp,
         "quantization": quantization,
         "max-num-queued-reqs": QUEUE_PER_SEQ * max_num_seqs,
+        # The gateway sets each request's priority from its user's in-flight sequences
+        # (user_fair_share); vLLM refuses a priority other than 0 under the default fcfs.
+        "scheduling-policy": "priority",
     }
     if block != 16:
         flags["block-size"] = block
@@ -525,7 +547,8 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
                     users_trust_each_other=trust, full_length_fit=conc_max, max_model_len=max_model_len,
                     fits=fits)
     from .report import format_table
-    admission = {"user_max_inflight": user_inflight_share(flags["max-num-seqs"])}
+    admission = {"user_max_inflight": user_inflight_share(flags["max-num-seqs"]),
+                 "user_fair_share": user_fair_share(flags["max-num-seqs"])}
     result = {"fits": fits, "verdict": verdict, "levers": levers, "advice": advice, "numbers": numbers,
               "vllm_version": version,
               "flags": flags, "layers": layers, "admission": admission}

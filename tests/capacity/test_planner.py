@@ -43,8 +43,21 @@ def test_admission_share_follows_the_planned_batch(tiny_model, workload, seqs: i
     workload that changes the batch changes the gateway's default cap and the engine's n ceiling."""
     result = plan(tiny_model, dict(workload, concurrent_sequences=seqs), [RTX_PRO_6000], ENGINE)
     planned = result["flags"]["max-num-seqs"]
-    assert result["admission"] == {"user_max_inflight": max(1, planned // 4)}
+    cap = max(1, planned // 4)
+    assert result["admission"] == {"user_max_inflight": cap, "user_fair_share": max(1, cap // 2)}
     assert 1 <= result["admission"]["user_max_inflight"] <= planned
+    assert result["flags"]["scheduling-policy"] == "priority"  # the gateway's priorities need it
+
+
+@pytest.mark.parametrize("seqs", range(1, 70))
+def test_no_plan_lets_one_user_hold_the_batch(seqs: int) -> None:
+    """Whatever the rounding, a user's default cap and fair share stay within half of max-num-seqs once
+    the batch has room for two; the share never exceeds the cap."""
+    from teamserve_capacity.planner import user_fair_share, user_inflight_share
+    cap, share = user_inflight_share(seqs), user_fair_share(seqs)
+    assert 1 <= share <= cap
+    if seqs >= 2:
+        assert cap <= seqs // 2
 
 
 def test_max_model_len_never_exceeds_model_or_workload(tiny_model, workload) -> None:

@@ -62,10 +62,11 @@ def test_front_caddyfile_for_one_two_three_boxes(tmp_path, count):
     assert f'header_up Authorization "Bearer {FLEET_KEY}"' in pool
     assert "unhealthy_request_count" not in pool  # the per-box caps replace the one-engine cap
     assert "request_model" not in caddyfile  # one pool: the body is not read
+    assert "request_priority" not in caddyfile  # the boxes write priorities; the front has no engine
     assert "tls_trust_pool file " + " ".join(f"/etc/caddy/upstream-ca/10.0.0.{n + 1}_8443.crt"
                                              for n in range(count)) in pool
     # Users' default cap: a quarter of the fleet's batch.
-    assert re.search(rf" alice 0 {max(1, sum(caps) // 4)} rate_60_per_1m\n", caddyfile)
+    assert re.search(rf" alice 0 {max(1, sum(caps) // 4)} rate_60_per_1m interactive\n", caddyfile)
     # A box's 503 and 429 are the fleet being full: the front's own server_full (Retry-After).
     assert "@box_full status 503" in pool and "@box_busy status 429" in pool
     # The public /health is the fleet's: any healthy box answers it, without any key and without the caps
@@ -140,7 +141,7 @@ def test_box_behind_a_front_gets_the_front_user_and_keeps_a_public_health(tmp_pa
     plan = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048}}
     box_vars = {"vllm_plan": plan, "caddy_users": USERS, "caddy_tls_mode": "off", "caddy_front_user_key": FLEET_KEY}
     caddyfile = render(tmp_path, {"gpu1": box_vars})["gpu1"]
-    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s\n", caddyfile)
+    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive\n", caddyfile)
     assert FLEET_KEY not in caddyfile  # its SHA-256 only
     (tmp_path / "private").mkdir()
     run = play(tmp_path / "private", {"gpu1": {**box_vars, "caddy_health_public": False}})

@@ -122,12 +122,44 @@ def test_switching_the_profile_switches_the_caps(tmp_path):
         assert f"unhealthy_request_count {flags['max-num-seqs'] + flags['max-num-queued-reqs']}\n" in caddyfile
         assert f"max_size {flags['max-model-len'] * 32 + 1024 * 1024}\n" in caddyfile
         k = max(1, flags["max-num-seqs"] // 4)
-        assert f"{sha256(b'a' * 40).hexdigest()} alice 0 {k} rate_60_per_1m\n" in caddyfile
-        assert f"{sha256(b'b' * 40).hexdigest()} bob 0 1 rate_60_per_1m\n" in caddyfile  # her own cap
+        assert f"{sha256(b'a' * 40).hexdigest()} alice 0 {k} rate_60_per_1m interactive\n" in caddyfile
+        assert f"{sha256(b'b' * 40).hexdigest()} bob 0 1 rate_60_per_1m interactive\n" in caddyfile  # her own cap
         assert "a" * 40 not in caddyfile and "b" * 40 not in caddyfile  # the keys themselves are not written
         # One zone per distinct limit: alice and bob share one.
         assert sorted(re.findall(r"zone (\S+) \{", caddyfile)) == ["rate_5_per_1h", "rate_60_per_1m"]
         assert "limit {teamserve_max_inflight}" in caddyfile
+
+
+def test_priority_share_and_lanes_follow_the_plan(tmp_path):
+    """The engine's priority scheduling and the gateway's share come from one plan: a plan that sets
+    --scheduling-policy priority gets request_priority with the plan's user_fair_share (after the in-flight
+    cap, before the engine); a batch-lane key gets half the default cap and its lane in the key map; a plan
+    without the flag (recorded before it) and a fallback gateway are handled as documented."""
+    plan = example_profile_plans()["llama-3.1-8b-bf16"]
+    assert plan["flags"]["scheduling-policy"] == "priority"
+    share, cap = plan["admission"]["user_fair_share"], plan["admission"]["user_max_inflight"]
+    assert 1 <= share < cap <= plan["flags"]["max-num-seqs"] // 2
+    users = [{"name": "alice", "key": "a" * 40, "rate_limit": {"events": 60, "window": "1m"}},
+             {"name": "nightly", "key": "n" * 40, "rate_limit": {"events": 60, "window": "1m"}, "lane": "batch"}]
+    old = {"flags": {k: v for k, v in plan["flags"].items() if k != "scheduling-policy"},
+           "admission": plan["admission"]}
+    hosts = {"box": {"vllm_plan": plan, "caddy_users": users, "caddy_tls_mode": "off"},
+             "old": {"vllm_plan": old, "caddy_users": users, "caddy_tls_mode": "off"},
+             "fallback": {"vllm_plan": plan, "caddy_users": users, "caddy_tls_mode": "off",
+                          "caddy_overload_policy": "fallback", "caddy_fallback_url": "https://fallback.example",
+                          "caddy_fallback_api_key": "f" * 40}}
+    rendered = render(tmp_path, hosts)
+    box = rendered["box"]
+    assert f"{sha256(b'a' * 40).hexdigest()} alice 0 {cap} rate_60_per_1m interactive\n" in box
+    assert f"{sha256(b'n' * 40).hexdigest()} nightly 0 {max(1, cap // 2)} rate_60_per_1m batch\n" in box
+    block = f"\t\trequest_priority {{\n\t\t\tshare {share}\n\t\t\tlane {{teamserve_lane}}\n"
+    assert block in box
+    assert box.index("import user_inflight\n") < box.index(block) < box.index("reverse_proxy @proxied")
+    assert "replace_only" not in box
+    assert "request_priority" not in rendered["old"]  # an engine without the flag: no priorities
+    fallback = rendered["fallback"]
+    assert block in fallback and "\t\t\treplace_only\n" in fallback
+    assert "header_up -X-Vllm-Priority" in fallback.split("(fallback) {", 1)[1].split("\n}\n", 1)[0]
 
 
 USERS = [{"name": "alice", "key": "a" * 40, "rate_limit": {"events": 60, "window": "1m"}}]

@@ -104,7 +104,7 @@ def test_effective_skips_users_without_key_and_sorts():
     eff = cu.caddy_users_effective(users, {"alice": KEY_A})
     assert [u["name"] for u in eff] == ["alice", "zed"]
     assert eff[0] == {"name": "alice", "key_sha256": hashlib.sha256(KEY_A.encode()).hexdigest(), "events": 10, "window": "1m", "rate_tier": "rate_10_per_1m",
-                      "max_inflight": 1, "expires_epoch": 86400}
+                      "max_inflight": 1, "lane": "interactive", "expires_epoch": 86400}
     assert eff[1]["expires_epoch"] == 0
     assert cu.caddy_users_without_key(users, {"alice": KEY_A}) == ["dave"]
 
@@ -138,3 +138,16 @@ def test_effective_caps_and_tiers():
     # One zone per distinct limit, however many users share it.
     assert cu.caddy_rate_tiers(eff) == [{"name": "rate_10_per_1m", "events": 10, "window": "1m"},
                                         {"name": "rate_5_per_1h", "events": 5, "window": "1h"}]
+
+
+def test_lanes():
+    """A batch key runs at the lowest priority with half the default cap (its own max_inflight wins); an
+    unknown lane is refused naming the field, the value and the choices."""
+    users = [user("a"), user("b", lane="batch"), user("c", lane="batch", max_inflight=3), user("d", lane="interactive")]
+    assert problems(users, {n: KEY_A + n for n in "abcd"}) == []
+    eff = cu.caddy_users_effective(users, {n: KEY_A + n for n in "abcd"}, 4)
+    assert [(u["name"], u["lane"], u["max_inflight"]) for u in eff] == [
+        ("a", "interactive", 4), ("b", "batch", 2), ("c", "batch", 3), ("d", "interactive", 4)]
+    assert cu.caddy_users_effective([user("e", lane="batch")], {"e": KEY_A}, 1)[0]["max_inflight"] == 1
+    [msg] = problems([user("a", lane="bulk")])
+    assert "caddy_users[0] (name=a).lane='bulk' is not a lane; use one of interactive, batch" in msg

@@ -68,27 +68,30 @@ def ttft(url: str, key: str, verify) -> float | str:
         return first if first is not None else "no token"
 
 
+def access_log(host, user: str, since: float) -> list[dict]:
+    """`user`'s served chat requests since `since` (epoch s) in the gateway's JSON access log."""
+    entries = [json.loads(line) for line in host.check_output("cat /var/log/caddy/access.log").splitlines()]
+    return [e for e in entries if e.get("user") == user and e.get("status") == 200 and e["ts"] >= since
+            and e["request"]["uri"] == "/v1/chat/completions"]
+
+
 def max_concurrent(host, user: str, since: float) -> int:
-    """Most of `user`'s accepted chat requests the gateway had in flight at once since `since` (epoch s),
-    from its JSON access log (each entry's ts is its end, duration its length)."""
-    spans = []
-    for line in host.check_output("cat /var/log/caddy/access.log").splitlines():
-        entry = json.loads(line)
-        if (entry.get("user") == user and entry.get("status") == 200 and entry["ts"] >= since
-                and entry["request"]["uri"] == "/v1/chat/completions"):
-            spans.append((entry["ts"] - entry["duration"], entry["ts"]))
-    return max((sum(start <= at < end for start, end in spans) for at, _ in spans), default=0)
+    """Most engine sequences `user` had in flight at once since `since`, as the gateway counted them at
+    each admission (the access log's `in_flight`). The log's start times cannot show it: Caddy stamps a
+    request when it reads its headers, and on the testbed's two cores, which the CPU engine saturates, a
+    request can wait seconds after that before it reaches admission."""
+    return max((int(e["in_flight"]) for e in access_log(host, user, since)), default=0)
 
 
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
 
 
-@pytest.fixture()
-def dana(testbed_vars, gateway_verify, tmp_path):
-    """A second other user with a generous rate limit, issued for this test and revoked after it."""
+@pytest.fixture(scope="module")
+def dana(testbed_vars, gateway_verify, tmp_path_factory):
+    """A second other user with a generous rate limit, issued for this module's tests and revoked after them."""
     users = testbed_vars["caddy_users"] + [{"name": "dana", "rate_limit": {"events": 600, "window": "1m"}}]
-    keys_file = tmp_path / "caddy_keys.vault.yml"
+    keys_file = tmp_path_factory.mktemp("dana") / "caddy_keys.vault.yml"
     users_play("issue", "dana", keys_file, users)
     issued = vault_view(keys_file)["caddy_user_keys"]
     yield issued["dana"]
@@ -231,3 +234,74 @@ def test_admission_charges_each_request_its_engine_sequences(host, testbed_vars,
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], n=0, max_tokens=2)
     assert bad_n.value.param == "n"
     assert len(client.completions.create(model="tiny", prompt=["Count."] * share, max_tokens=2).choices) == share
+
+
+def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, keys, gateway_verify, dana, capsys):
+    """The engine schedules by the priority the gateway writes (--scheduling-policy priority, the plan's
+    fair share). With the engine core paused, alice (allowed the whole batch) sends a batch's worth of
+    long streams, then bob two short ones - his second over his fair share, carrying a forged priority of
+    -100 in its body and in X-Vllm-Priority - and dana one; then the core resumes with all of them
+    waiting. The gateway wrote alice's k-th stream priority k-1 and bob's second 1, the others 0, so the
+    first batch holds the three short requests and alice's first five; they end long before alice's last
+    three, which wait for a free slot (first come first served would run all of alice's first).
+    Compared by when each ends: the testbed's CPU engine delivers tokens in bursts, so only times far
+    apart are compared."""
+    seqs = engine_flag(host, "max-num-seqs")
+    cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
+    assert cmd[cmd.index("--scheduling-policy") + 1] == "priority"
+    alice = next(u for u in testbed_vars["caddy_users"] if u["name"] == "alice")
+    assert alice["max_inflight"] == seqs  # she can fill the batch alone
+    url = base_url(testbed_vars) + "/chat/completions"
+    ends: dict[str, float | str] = {}
+    lock = threading.Lock()
+
+    def stream(name: str, key: str, max_tokens: int, headers: dict | None = None, extra: dict | None = None) -> None:
+        body = {"model": "tiny", "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Count."}], **(extra or {})}
+        try:
+            with httpx.Client(verify=gateway_verify, timeout=300) as client, \
+                    client.stream("POST", url, json=body,
+                                  headers={"Authorization": f"Bearer {key}", "X-Test-Name": name,
+                                           **(headers or {})}) as response:
+                if response.status_code != 200:
+                    response.read()
+                    at: float | str = f"{response.status_code} {response.text[:200]}"
+                else:
+                    for _ in response.iter_lines():
+                        pass
+                    at = time.monotonic()
+        except httpx.HTTPError as err:
+            at = f"error {err!r}"
+        with lock:
+            ends[name] = at
+
+    forged = {"extra": {"priority": -100}, "headers": {"X-Vllm-Priority": "-100"}}
+    clients = [threading.Thread(target=stream, args=(f"alice{i}", keys["alice"], 600), daemon=True)
+               for i in range(seqs)]
+    clients += [threading.Thread(target=stream, args=("bob1", keys["bob"], 50), daemon=True),
+                threading.Thread(target=stream, args=("bob2", keys["bob"], 50), kwargs=forged, daemon=True),
+                threading.Thread(target=stream, args=("dana", dana, 50), daemon=True)]
+    sent_epoch = time.time()
+    host.check_output("pkill -STOP -f '^VLLM::EngineCore'")  # the anchor keeps pkill off its own shell
+    try:
+        for thread in clients:  # in this order, so the gateway admits them in this order
+            thread.start()
+            time.sleep(0.25)
+        time.sleep(1)
+    finally:
+        host.check_output("pkill -CONT -f '^VLLM::EngineCore'")
+    for thread in clients:
+        thread.join(timeout=300)
+    assert all(isinstance(at, float) for at in ends.values()) and len(ends) == len(clients), ends
+    # What the gateway wrote (its access log): the user's sequences in flight with the request, and the
+    # priority: 0 within the fair share (1 sequence here), one more per sequence past it; bob's forged
+    # -100 replaced.
+    written = {e["request"]["headers"]["X-Test-Name"][0]: (int(e["in_flight"]), int(e["priority"]))
+               for user in ("alice", "bob", "dana") for e in access_log(host, user, sent_epoch)}
+    assert written == {**{f"alice{i}": (i + 1, i) for i in range(seqs)},
+                       "bob1": (1, 0), "bob2": (2, 1), "dana": (1, 0)}, written
+    last = [f"alice{i}" for i in range(seqs - 3, seqs)]  # priorities 5, 6, 7 with a batch of 8
+    assert max(ends[name] for name in ("bob1", "bob2", "dana")) < min(ends[name] for name in last), ends
+    with capsys.disabled():  # benchmark figures for the scenario's log
+        start = min(ends.values())
+        print("Ends after the first (s): " + ", ".join(f"{name} {ends[name] - start:.2f}" for name in sorted(ends)))

@@ -24,6 +24,17 @@ WINDOW_PATTERN = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
 WINDOW_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Expiry formats accepted in the inventory (UTC); YAML may also hand over a date/datetime object.
 EXPIRY_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
+# A key's lane: interactive (the default) is scheduled by its user's in-flight sequences against the fair
+# share; batch is always scheduled last and has half the default in-flight cap (a batch job pointed at the
+# team endpoint runs in what the team leaves idle).
+LANES = ("interactive", "batch")
+
+
+def caddy_user_lane_cap(lane: str, default_max_inflight: Any) -> int:
+    """A lane's default in-flight cap, in engine sequences: ``default_max_inflight`` (caddy_user_max_inflight)
+    for interactive, half of it (at least 1) for batch. Input: a lane of LANES and an int-like >= 1."""
+    cap = int(default_max_inflight)
+    return max(1, cap // 2) if lane == "batch" else cap
 
 
 def caddy_expiry_epoch(value: Any) -> int:
@@ -73,7 +84,7 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, extra_
     """Check the gateway's user list; return one message per problem (empty list = all good).
 
     Inputs: ``users`` = ``caddy_users`` (list of dicts: name, key?, rate_limit {events, window}, expires?,
-    max_inflight?); ``keys`` = ``caddy_user_keys`` (dict name -> key, from the vault that playbooks/users.yml
+    max_inflight?, lane?); ``keys`` = ``caddy_user_keys`` (dict name -> key, from the vault that playbooks/users.yml
     writes); ``min_key_length`` in characters; ``extra_keys`` = other secrets that must not double as a
     user key (the engine's own key); ``max_num_seqs`` = the engine's --max-num-seqs, the upper bound of a
     user's ``max_inflight`` (requests; None = no upper bound checked).
@@ -111,10 +122,14 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, extra_
                                 "the same); rename one of them")
             seen_names.add(name)
             seen_identifiers.setdefault(caddy_user_identifier(name), name)
-        unknown = sorted(set(user) - {"name", "key", "rate_limit", "expires", "max_inflight"})
+        unknown = sorted(set(user) - {"name", "key", "rate_limit", "expires", "max_inflight", "lane"})
         if unknown:
             problems.append(f"{where}: unknown field(s) {unknown}; allowed: name, key, rate_limit, expires, "
-                            "max_inflight")
+                            "max_inflight, lane")
+        if user.get("lane") is not None and user["lane"] not in LANES:
+            problems.append(f"{where}.lane={user['lane']!r} is not a lane; use one of {', '.join(LANES)} "
+                            "(batch: always scheduled after interactive work, half the default in-flight cap), "
+                            "or remove it for interactive")
         if user.get("max_inflight") is not None:
             cap = user["max_inflight"]
             upper = int(max_num_seqs) if max_num_seqs not in (None, "") else None
@@ -208,7 +223,8 @@ def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1)
     SHA-256, 64 lowercase hex digits: the gateway's api_key_map matches it, so the key itself is never
     written to the Caddyfile), ``events`` (int),
     ``window`` (Caddy duration string), ``rate_tier`` (zone name, caddy_rate_tier), ``max_inflight``
-    (int requests) and ``expires_epoch`` (int Unix seconds, 0 = never), sorted by name so the rendered
+    (int engine sequences; a user without their own gets caddy_user_lane_cap), ``lane`` (one of LANES,
+    default interactive) and ``expires_epoch`` (int Unix seconds, 0 = never), sorted by name so the rendered
     file does not change when the inventory order does.
     """
     result = []
@@ -219,13 +235,15 @@ def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1)
         expires = user.get("expires")
         events, window = int(user["rate_limit"]["events"]), user["rate_limit"]["window"]
         cap = user.get("max_inflight")
+        lane = user.get("lane") or "interactive"
         result.append({
             "name": user["name"],
             "key_sha256": hashlib.sha256(key.encode()).hexdigest(),
             "events": events,
             "window": window,
             "rate_tier": caddy_rate_tier(events, window),
-            "max_inflight": int(cap if cap is not None else default_max_inflight),
+            "max_inflight": int(cap) if cap is not None else caddy_user_lane_cap(lane, default_max_inflight),
+            "lane": lane,
             "expires_epoch": caddy_expiry_epoch(expires) if expires not in (None, "") else 0,
         })
     return sorted(result, key=lambda u: u["name"])
@@ -259,4 +277,5 @@ class FilterModule:
             "caddy_users_without_key": caddy_users_without_key,
             "caddy_users_expired": caddy_users_expired,
             "caddy_expiry_epoch": caddy_expiry_epoch,
+            "caddy_user_lane_cap": caddy_user_lane_cap,
         }

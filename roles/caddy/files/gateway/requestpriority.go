@@ -12,6 +12,7 @@
 //		in_flight    {inflight_limit.in_flight}   # the user's cost in flight with this request (the default)
 //		lane         {teamserve_lane}             # optional: "batch" always gets max_priority
 //		max_priority 10                           # the largest value written (default 10, >= 2)
+//		replace_only                              # optional: add no "priority" member, replace the client's
 //	}
 //
 //	request_priority <share>                       # the same, share given inline, other options default
@@ -32,7 +33,11 @@
 // members, their order, spacing and number spellings are the client's bytes. Content-Length follows
 // the new length; a chunked body stays chunked. vLLM also reads a priority from the X-Vllm-Priority
 // request header ahead of the body's: the client's header is removed and the computed value sent in
-// it as well. A body that is not a JSON object (not application/json, invalid, an array) is forwarded
+// it as well. With replace_only, a body without a "priority" member is forwarded as the client sent
+// it and only the header carries the value (vLLM's chat, completions and responses servers read the
+// header first; its embeddings server reads only the body, so an embeddings request without the member
+// runs at 0): for a gateway whose requests may go on to another OpenAI-compatible server that does not
+// know the field (a fallback; strip the header there with header_up). A body that is not a JSON object (not application/json, invalid, an array) is forwarded
 // unchanged; a JSON body in UTF-16/32 is refused with 400 (code unsupported_encoding), since the
 // engine would decode it and the gateway would not have replaced its priority. The value is also set
 // as the placeholder {request_priority}, e.g. for log_append.
@@ -97,6 +102,8 @@ type RequestPriority struct {
 	MaxPriority int `json:"max_priority,omitempty"`
 	// MaxSize is the most body bytes read; a larger body is refused with 413. Default DefaultBodyMax.
 	MaxSize int64 `json:"max_size,omitempty"`
+	// ReplaceOnly: replace the body's "priority" members but add none (the header carries the value).
+	ReplaceOnly bool `json:"replace_only,omitempty"`
 
 	logger *zap.Logger
 }
@@ -205,6 +212,9 @@ func (p *RequestPriority) ServeHTTP(w http.ResponseWriter, r *http.Request, next
 		return writeOpenAIError(w, http.StatusBadRequest, "The request body must be JSON encoded as UTF-8.",
 			"invalid_request_error", "", CodeUnsupportedEncoding, 0)
 	case docObject:
+		if p.ReplaceOnly && !hasMember(doc, "priority") {
+			break
+		}
 		rewritten := withMember(doc, "priority", []byte(value))
 		if prefix > 0 { // keep the byte order mark, which the engine skips
 			rewritten = append(body[:prefix:prefix], rewritten...)
@@ -212,6 +222,15 @@ func (p *RequestPriority) ServeHTTP(w http.ResponseWriter, r *http.Request, next
 		replaceBody(r, rewritten)
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// hasMember reports whether the JSON object doc has a top-level member called name.
+func hasMember(doc []byte, name string) bool {
+	found := false
+	members(doc, func(m member) {
+		found = found || isName(m.name, name)
+	})
+	return found
 }
 
 // UnmarshalCaddyfile reads
@@ -222,6 +241,7 @@ func (p *RequestPriority) ServeHTTP(w http.ResponseWriter, r *http.Request, next
 //		lane <placeholder>
 //		max_priority <n>
 //		max_size <bytes>
+//		replace_only
 //	}]
 func (p *RequestPriority) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
@@ -235,6 +255,13 @@ func (p *RequestPriority) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	for d.NextBlock(0) {
 		option := d.Val()
+		if option == "replace_only" {
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			p.ReplaceOnly = true
+			continue
+		}
 		if !d.NextArg() {
 			return d.ArgErr()
 		}
@@ -259,7 +286,7 @@ func (p *RequestPriority) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			p.MaxSize = n
 		default:
-			return d.Errf("unknown request_priority option %q (share, in_flight, lane, max_priority, max_size)", option)
+			return d.Errf("unknown request_priority option %q (share, in_flight, lane, max_priority, max_size, replace_only)", option)
 		}
 		if d.NextArg() {
 			return d.ArgErr()

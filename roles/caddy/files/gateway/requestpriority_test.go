@@ -124,6 +124,30 @@ func TestPriorityOverwritesTheClients(t *testing.T) {
 	}
 }
 
+// replace_only: a client's priority is still replaced, but a body without one is forwarded as sent
+// (a fallback that does not know the field gets what the client wrote); the header carries the value.
+func TestPriorityReplaceOnly(t *testing.T) {
+	p := newRequestPriority(t, RequestPriority{ReplaceOnly: true})
+	for _, tc := range []struct{ in, want string }{
+		{`{"model":"m","priority":-100}`, `{"model":"m","priority":3}`},
+		{`{"priority":-1,"model":"m","priority":-2}`, `{"priority":3,"model":"m","priority":3}`},
+		{`{"model":"m"}`, `{"model":"m"}`},
+		{`{"messages":[{"priority":-100}]}`, `{"messages":[{"priority":-100}]}`},
+		{`{}`, `{}`},
+	} {
+		r := priorityRequest(tc.in, 5, 2, "", false)
+		r.Header.Set(PriorityHeader, "-100")
+		got, _ := runPriority(t, p, r)
+		if got == nil || got.body != tc.want || got.lengthHeader != strconv.Itoa(len(tc.want)) {
+			t.Errorf("%s: forwarded %+v, want %s", tc.in, got, tc.want)
+			continue
+		}
+		if !reflect.DeepEqual(got.priorityHdr, []string{"3"}) {
+			t.Errorf("%s: X-Vllm-Priority %q, want [3]", tc.in, got.priorityHdr)
+		}
+	}
+}
+
 // 0 within the share, 1.. over it (capped below max_priority), max_priority for the batch lane.
 func TestPriorityFromShareAndLane(t *testing.T) {
 	for _, tc := range []struct {
@@ -249,6 +273,7 @@ func TestPriorityCaddyfile(t *testing.T) {
 		"request_priority {\n share 3\n}":    {Share: "3"},
 		"request_priority {\n share {s}\n in_flight {x}\n lane {teamserve_lane}\n max_priority 20\n max_size 1024\n}": {
 			Share: "{s}", InFlight: "{x}", Lane: "{teamserve_lane}", MaxPriority: 20, MaxSize: 1024},
+		"request_priority 2 {\n replace_only\n}": {Share: "2", ReplaceOnly: true},
 	} {
 		p := new(RequestPriority)
 		if err := p.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err != nil || *p != want {
@@ -256,14 +281,15 @@ func TestPriorityCaddyfile(t *testing.T) {
 		}
 	}
 	for in, errPart := range map[string]string{
-		"request_priority":                         "needs a share",
-		"request_priority 1 2":                     "no arguments or <share>, got 2",
-		"request_priority {\n lane {l}\n}":         "needs a share",
-		"request_priority 2 {\n max_priority 1\n}": `max_priority "1" must be a whole number >= 2`,
-		"request_priority 2 {\n max_size 0\n}":     `max_size "0"`,
-		"request_priority 2 {\n lane\n}":           "wrong argument count",
-		"request_priority 2 {\n lane {a} {b}\n}":   "wrong argument count",
-		"request_priority 2 {\n weight 3\n}":       `unknown request_priority option "weight"`,
+		"request_priority":                           "needs a share",
+		"request_priority 1 2":                       "no arguments or <share>, got 2",
+		"request_priority {\n lane {l}\n}":           "needs a share",
+		"request_priority 2 {\n max_priority 1\n}":   `max_priority "1" must be a whole number >= 2`,
+		"request_priority 2 {\n max_size 0\n}":       `max_size "0"`,
+		"request_priority 2 {\n lane\n}":             "wrong argument count",
+		"request_priority 2 {\n lane {a} {b}\n}":     "wrong argument count",
+		"request_priority 2 {\n weight 3\n}":         `unknown request_priority option "weight"`,
+		"request_priority 2 {\n replace_only yes\n}": "wrong argument count",
 	} {
 		if err := new(RequestPriority).UnmarshalCaddyfile(caddyfile.NewTestDispenser(in)); err == nil || !strings.Contains(err.Error(), errPart) {
 			t.Errorf("%q: want an error with %q, got %v", in, errPart, err)
