@@ -19,6 +19,7 @@ from .hardware import QUANT_METHOD_FLAG, QUANT_METHOD_FORMATS, WEIGHT_FORMATS, f
 from .kv import KVLayout, cdiv, kv_layout
 from .memory import GIB, MIB, Budget, Measured, estimate_budget
 from .model import DTYPE_BYTES, ModelSpec, parse_config
+from .registry import check_model, load_registry
 from .weights import (
     ONLINE_FORMATS,
     Quant,
@@ -364,7 +365,9 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
             e.g. ``weights_bytes`` from "Model loading took X GiB".
     Returns:
         ``{fits, verdict, levers, advice, table, numbers, flags, layers, admission,
-        vllm_version}`` (docs/contracts.md; ``vllm_version`` is the release the plan was made for); every byte count is per GPU. ``advice`` is a list
+        vllm_version, registry}`` (docs/contracts.md; ``vllm_version`` is the release the plan was made
+        for, ``registry`` what its model registry says of the model: :func:`teamserve_capacity.registry.check_model`);
+        every byte count is per GPU. ``advice`` is a list
         of ``{id, advice, reason}`` (:mod:`teamserve_capacity.advice`);
         ``admission`` is ``{user_max_inflight, user_fair_share}``, in engine
         sequences: the default per-user in-flight cap (:func:`user_inflight_share`)
@@ -431,6 +434,10 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
                         f"{fmt} needs a pre-quantised checkpoint whose config.json has a "
                         "quantization_config; this config has none — pick the quantised repo, "
                         "or use bf16, fp8 or bitsandbytes (vLLM quantises those at load time)")
+    # Whether the release can load this architecture at this quantisation, from its own registry.
+    architectures = spec.raw.get("architectures") or [spec.architecture]
+    registry_check = check_model(architectures if isinstance(architectures, list) else [architectures],
+                                 spec.quant_method, quantization, version, load_registry(version))
 
     # vLLM's dtype "auto" serves float32 checkpoints in 16-bit ("Downcasting
     # torch.float32 to torch.bfloat16"), so KV and activations are 2 bytes.
@@ -550,7 +557,7 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
     admission = {"user_max_inflight": user_inflight_share(flags["max-num-seqs"]),
                  "user_fair_share": user_fair_share(flags["max-num-seqs"])}
     result = {"fits": fits, "verdict": verdict, "levers": levers, "advice": advice, "numbers": numbers,
-              "vllm_version": version,
+              "vllm_version": version, "registry": registry_check,
               "flags": flags, "layers": layers, "admission": admission}
     result["table"] = format_table(result)
     return result

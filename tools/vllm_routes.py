@@ -39,6 +39,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 
 METHODS = {"get", "post", "put", "delete", "patch", "api_route", "websocket"}
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -73,6 +74,22 @@ def routes_in(source: str, file: str) -> list[dict]:
     return found
 
 
+def routes_from(sources: Iterable[tuple[str, str]]) -> list[dict]:
+    """Routes of a whole package: ``sources`` yields (path relative to the package's parent, e.g.
+    "vllm/entrypoints/openai/api_server.py", source text) -> route dicts as in :func:`routes_in`, one per
+    (path, method), sorted by path then method. Files that do not parse are skipped."""
+    routes = []
+    for file, text in sources:
+        if "/" not in text:
+            continue
+        try:
+            routes.extend(routes_in(text, file))
+        except SyntaxError:
+            continue
+    unique = {(r["path"], r["method"]): r for r in routes}
+    return [unique[k] for k in sorted(unique)]
+
+
 def snapshot() -> dict:
     """Walk the importable ``vllm`` package (without importing it) -> the snapshot dict (module docstring).
     Raises SystemExit(1) with a message when vLLM is missing or declares no route."""
@@ -80,21 +97,13 @@ def snapshot() -> dict:
     if spec is None or not spec.submodule_search_locations:
         sys.exit("vllm_routes.py: the vllm package is not importable here (use --image)")
     package = pathlib.Path(next(iter(spec.submodule_search_locations)))
-    routes = []
-    for path in sorted(package.rglob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if "/" not in text:
-            continue
-        try:
-            routes.extend(routes_in(text, str(path.relative_to(package.parent))))
-        except SyntaxError:
-            continue
+    routes = routes_from((str(path.relative_to(package.parent)), path.read_text(encoding="utf-8", errors="replace"))
+                         for path in sorted(package.rglob("*.py")))
     if not routes:
         sys.exit(f"vllm_routes.py: no route found under {package}")
     distribution = next((d for d in importlib.metadata.packages_distributions().get("vllm", [])), "vllm")
-    unique = {(r["path"], r["method"]): r for r in routes}
     return {"vllm_version": importlib.metadata.version(distribution), "distribution": distribution, "image": None,
-            "routes": [unique[k] for k in sorted(unique)]}
+            "routes": routes}
 
 
 def main(argv: list[str] | None = None) -> int:

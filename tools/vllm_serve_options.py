@@ -68,7 +68,9 @@ Output: a JSON object (stdout, ``--output FILE``, or with ``--write`` the role's
       nargs        str|int|null  argparse nargs ("?", "+", "*", an int, or null for exactly one)
       choices      list|null  allowed values as strings, when the option restricts them
       deprecated   str|null   vLLM's help text for an option it marks deprecated (its help mentions
-                              "deprecated", or FlexibleArgumentParser's ``deprecated=True``), else null
+                              "deprecated", or FlexibleArgumentParser's ``deprecated=True``); for an
+                              option string the parser accepts but hides from help (vLLM 0.33's
+                              ``--no-enable-x``), a note naming the listed forms; else null
 
 Errors (exit status 1 with a message on stderr): vLLM is not importable; no known parser factory; the
 parser has no options; ``docker run`` failed; ``--write`` with a version that is not ``X.Y.Z[+label]``;
@@ -95,9 +97,10 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ROLE_FILES = REPO_ROOT / "roles" / "vllm" / "files"
 TOOL_PATH = "tools/vllm_serve_options.py"
-# Where `vllm serve` takes its parser from: vLLM 0.32 (checked in its 0.32.0 CPU build), then the
-# module older releases used (vllm/entrypoints/cli/serve.py before the launchers package).
+# Where `vllm serve` takes its parser from (vllm/entrypoints/cli/serve.py imports it): vLLM 0.33
+# (0.33.0 GPU wheel), 0.32 (checked in its 0.32.0 CPU build), then the module older releases used.
 PARSER_FACTORIES = (
+    "vllm.entrypoints.common.cli_args.make_arg_parser",
     "vllm.entrypoints.launchers.cli_args.make_arg_parser",
     "vllm.entrypoints.openai.cli_args.make_arg_parser",
 )
@@ -136,6 +139,23 @@ def describe(parser: argparse.ArgumentParser) -> tuple[list[str], list[dict[str,
                 "choices": choices,
                 "deprecated": deprecated,
             })
+    # Option strings the parser accepts but its actions no longer list: vLLM 0.33's EnableDisableAction
+    # (vllm/utils/argparse_utils.py) shows --enable-x/--disable-x and hides --no-enable-x/--no-disable-x,
+    # "still accepted for backwards compatibility, but hidden from help".
+    listed = {o["option"] for o in options}
+    for opt, action in parser._option_string_actions.items():
+        if opt in listed or not opt.startswith("-"):
+            continue
+        choices = None if action.choices is None else sorted(str(c) for c in action.choices)
+        options.append({
+            "option": opt,
+            "dest": action.dest,
+            "takes_value": action.nargs != 0,
+            "nargs": action.nargs,
+            "choices": choices,
+            "deprecated": f"{opt} is accepted but hidden from vLLM's help (kept for backwards compatibility); "
+                          f"it lists {' / '.join(action.option_strings)}",
+        })
     if not options:
         raise ToolError("the serve parser exposes no options; has its construction changed?")
     options.sort(key=lambda o: o["option"])
@@ -167,7 +187,8 @@ def build_parser(force_cpu: bool) -> tuple[argparse.ArgumentParser, str, str]:
 
     Input: ``force_cpu`` selects vLLM's CPU platform first (parse only; nothing runs on a device).
     Output: (parser, dotted path of the factory used, platform name as recorded).
-    Raises ToolError when vLLM is missing or none of ``PARSER_FACTORIES`` exists.
+    Raises ToolError when vLLM is missing, none of ``PARSER_FACTORIES`` exists, or one exists but
+    a module it imports is missing (named in the message).
     """
     # vLLM's own logging setup writes to stdout, where the JSON may go; the parse needs no log.
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
@@ -185,7 +206,12 @@ def build_parser(force_cpu: bool) -> tuple[argparse.ArgumentParser, str, str]:
         module_name, _, attr = dotted.rpartition(".")
         try:
             factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError):
+        except ModuleNotFoundError as exc:
+            # This release has no such module: try the next place. A dependency it lacks is an error.
+            if exc.name is not None and module_name.startswith(exc.name):
+                continue
+            raise ToolError(f"{module_name} exists but cannot be imported here: {exc!r}") from exc
+        except AttributeError:
             continue
         parser = factory(FlexibleArgumentParser(prog="vllm serve"))
         device = str(platforms.current_platform.device_type or "unspecified")

@@ -21,17 +21,8 @@ from repo_modules import load  # noqa: E402
 paths = load("caddy_paths", "roles/caddy/filter_plugins/caddy_paths.py")
 DEFAULTS = yaml.safe_load((REPO / "roles/caddy/defaults/main.yml").read_text())
 NEVER = yaml.safe_load((REPO / "roles/caddy/vars/main.yml").read_text())["__caddy_never_proxied"]
-# User APIs of vLLM 0.32 that a text-chat box does not serve by default; an admin adds what the model
-# serves. Render/derender and the token-in API bypass or expose the chat template; Cohere and Anthropic
-# clients send their key in headers the gateway does not authenticate.
-LEFT_TO_THE_ADMIN = {
-    "/classify", "/pooling", "/score", "/rerank", "/v1/score", "/v1/rerank", "/v2/embed", "/v2/rerank",
-    "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/realtime",
-    "/v1/messages", "/v1/messages/count_tokens", "/cohere/v2/chat", "/generative_scoring", "/v1/systemone",
-    "/v1/chat/completions/batch", "/inference/v1/generate",
-    "/v1/chat/completions/render", "/v1/chat/completions/derender", "/v1/completions/render",
-    "/v1/completions/derender", "/v1/messages/render", "/v1/responses/render", "/cohere/v2/chat/render",
-}
+# User APIs a text-chat box does not serve by default (roles/caddy/vars/main.yml says why).
+LEFT_TO_THE_ADMIN = set(yaml.safe_load((REPO / "roles/caddy/vars/main.yml").read_text())["__caddy_user_apis"])
 
 
 def pinned_version() -> str:

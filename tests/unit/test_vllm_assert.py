@@ -69,8 +69,8 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                                                   "vllm_chat_template": str(CHAT_TEMPLATE)}, None),
     "release_without_a_snapshot": ({"vllm_model": LOCAL_MODEL, "vllm_version": "0.30.0"},
                                    r"vllm_version=0.30.0 has no option snapshot .*vllm-serve-options-0.30.0.json.* "
-                                   r"Snapshots exist for: 0.31.0, 0.32.0\. Pin one of those, or write the release's "
-                                   r"snapshot from its GPU package with tools/vllm_serve_options.py --wheel"),
+                                   r"Snapshots exist for: 0.31.0, 0.32.0, 0.33.0\. Pin one of those, or write the "
+                                   r"release's snapshot from its GPU package with tools/vllm_release.py <release>"),
     # An upgrade from 0.31.0: a value 0.31.0 accepted and 0.32.0 dropped is named as such.
     "value_the_running_release_accepted": ({"vllm_model": LOCAL_MODEL, "vllm_previous_version": "0.31.0",
                                             "vllm_extra_args": ["--mamba-cache-mode", "all"]},

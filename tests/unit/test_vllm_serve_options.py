@@ -56,6 +56,21 @@ def test_describe_keeps_vllms_deprecation_notes():
     assert by_option["--max-num-seqs"]["deprecated"] is None
 
 
+def test_describe_lists_option_strings_hidden_from_help():
+    """vLLM 0.33's EnableDisableAction registers --no-enable-x, then lists only --enable-x/--disable-x on the
+    action (vllm/utils/argparse_utils.py, _register_action): the parser still accepts the hidden form."""
+    parser = argparse.ArgumentParser()
+    action = parser.add_argument("--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-prefix-caching",
+                                 dest="enable_prefix_caching", action="store_true")
+    action.option_strings = ["--enable-prefix-caching", "--disable-prefix-caching"]
+    by_option = {o["option"]: o for o in tool.describe(parser)[1]}
+    assert set(by_option) >= {"--enable-prefix-caching", "--disable-prefix-caching", "--no-enable-prefix-caching"}
+    assert by_option["--enable-prefix-caching"]["deprecated"] is None
+    assert by_option["--no-enable-prefix-caching"]["dest"] == "enable_prefix_caching"
+    assert "hidden from vLLM's help" in by_option["--no-enable-prefix-caching"]["deprecated"]
+    assert "--enable-prefix-caching / --disable-prefix-caching" in by_option["--no-enable-prefix-caching"]["deprecated"]
+
+
 def snap(version: str, *options: dict) -> dict:
     return {"vllm_version": version, "options": [{"choices": None, "deprecated": None, **o} for o in options]}
 
