@@ -35,7 +35,7 @@ EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_GPU = "rtx-pro-6000"
 # Flags that shape the plan: with --input they would be ignored, so they are refused there.
 PLAN_FLAGS = ("config", "name", "weight_format", "checkpoint", "revision", "weight_bytes", "params",
-              "measured_weights_gib", "gpu", "gpu_mib", "gpu_name", "compute_cap", "gpus",
+              "measured_weights_gib", "gpu", "gpu_mib", "gpu_reserved_mib", "gpu_name", "compute_cap", "gpus",
               "tensor_parallel_size", "gpu_memory_utilization", "kv_cache_dtype", "block_size",
               "max_num_seqs", "max_num_batched_tokens", "concurrent", "users", "active_fraction",
               "avg_context", "max_context", "ttft", "tpot", "untrusted_users", "startup_log")
@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--gpu", help=f"a GPU from `teamserve-plan gpus` (default {DEFAULT_GPU})")
     h.add_argument("--gpu-mib", type=int, help="any other GPU: nvidia-smi memory.total, MiB, with --compute-cap "
                    "(without it only a total that exactly one card of the table has, planned as that card)")
+    h.add_argument("--gpu-reserved-mib", type=int,
+                   help="the box's nvidia-smi memory.reserved, MiB (with --gpu, --gpu-mib or the default card): "
+                   "the plan then uses memory.total - memory.reserved, what vLLM sees to within 1 MiB, "
+                   "instead of the table's or the estimated total")
     h.add_argument("--gpu-name", help="with --gpu-mib: nvidia-smi's name, for the report and the advice")
     h.add_argument("--compute-cap", help='with --gpu-mib: compute capability, e.g. "8.9"')
     h.add_argument("--gpus", type=int, help="GPUs available (default 1)")
@@ -190,6 +194,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     if args.params is not None:
         model["params"] = args.params
     count = _pick(args.gpus, 1)
+    gpus: list[dict[str, Any]]
     if args.gpu is not None:
         clash = [f for f, v in (("--gpu-mib", args.gpu_mib), ("--gpu-name", args.gpu_name),
                                 ("--compute-cap", args.compute_cap)) if v is not None]
@@ -214,6 +219,14 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
             raise PlanError("--gpu-mib", None, "--gpu-name and --compute-cap describe a card given by --gpu-mib; "
                             "give it, or use --gpu")
         gpus = [gpu_row(gpu_by_key(DEFAULT_GPU), i) for i in range(count)]
+    if args.gpu_reserved_mib is not None:
+        total = int(gpus[0]["memory_total_mib"])
+        if not 0 <= args.gpu_reserved_mib < total:
+            raise PlanError("--gpu-reserved-mib", args.gpu_reserved_mib,
+                            f"give nvidia-smi's memory.reserved in MiB, >= 0 and below the card's memory.total "
+                            f"({total}): `nvidia-smi --query-gpu=memory.total,memory.reserved --format=csv`")
+        for row in gpus:
+            row["memory_reserved_mib"] = args.gpu_reserved_mib
     engine: dict[str, Any] = {"gpu_memory_utilization": _pick(args.gpu_memory_utilization, 0.9),
                               "kv_cache_dtype": _pick(args.kv_cache_dtype, "auto"),
                               "tensor_parallel_size": _pick(args.tensor_parallel_size, 1),

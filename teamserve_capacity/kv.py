@@ -16,8 +16,9 @@ Sources (vLLM 0.32.0 wheel):
     ``int(num_blocks / blocks_per_request(max_model_len) * max_model_len)``).
   * ``vllm/platforms/interface.py`` ``_align_hybrid_block_size``: with
     linear-attention (Mamba-like) layers the attention block grows, in steps of
-    the kernel block (16), until one attention page holds a layer's state; the
-    state page is padded to the attention page.
+    ``max(smallest kernel block (16), --block-size)`` (128 at least for MLA),
+    until one attention page holds a layer's state; the state page is padded
+    to the attention page.
   * ``vllm/config/vllm.py`` ``max_in_flight_tokens`` = concurrent batches (2 with
     async scheduling, the default) x ``max_num_batched_tokens``.
 """
@@ -31,6 +32,30 @@ from .model import CHUNKED, FULL, LINEAR, SLIDING, ModelSpec
 # Smallest kernel block of vLLM's CUDA attention backends (FlashAttention
 # supports MultipleOf(16)); used to align hybrid attention/state pages.
 KERNEL_BLOCK_ALIGNMENT = 16
+# vLLM 0.32 _align_hybrid_block_size: hybrid MLA/Mamba models align the block to
+# 128 tokens (TRTLLM/FlashInfer MLA decode kernels).
+MLA_HYBRID_BLOCK_ALIGNMENT = 128
+
+
+def hybrid_block_step(block_size: int, mla: bool) -> int:
+    """Tokens the attention block of a hybrid linear-attention model grows by, per step.
+
+    vLLM 0.32.0 ``vllm/platforms/interface.py`` ``_align_hybrid_block_size``:
+    ``max(smallest kernel block of the backend, cache_config.block_size)``,
+    at least 128 for MLA, then rounded up to a multiple of every backend's
+    smallest kernel block (16 on CUDA: a no-op for the block sizes the planner
+    accepts). So ``--block-size 64`` grows the block in steps of 64 tokens.
+
+    Args:
+        block_size: the engine's --block-size, tokens.
+        mla: the model's attention is MLA.
+    Returns:
+        the step, tokens.
+    """
+    step = max(KERNEL_BLOCK_ALIGNMENT, block_size)
+    if mla:
+        step = max(step, MLA_HYBRID_BLOCK_ALIGNMENT)
+    return KERNEL_BLOCK_ALIGNMENT * cdiv(step, KERNEL_BLOCK_ALIGNMENT)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -158,8 +183,8 @@ def kv_layout(spec: ModelSpec, *, tensor_parallel_size: int, kv_dtype_bytes: int
     if LINEAR in counts:
         assert spec.linear is not None
         state = spec.linear.state_bytes(tensor_parallel_size, state_dtype_bytes)
-        needed = KERNEL_BLOCK_ALIGNMENT * cdiv(state, KERNEL_BLOCK_ALIGNMENT * per_token_layer)
-        block_size = max(block_size, needed)
+        step = hybrid_block_step(block_size, spec.mla_latent_dim is not None)
+        block_size = max(block_size, step * cdiv(state, step * per_token_layer))
     page = block_size * per_token_layer
 
     if len(counts) == 1:
@@ -187,4 +212,4 @@ def kv_layout(spec: ModelSpec, *, tensor_parallel_size: int, kv_dtype_bytes: int
     )
 
 
-__all__ = ["KVLayout", "LayerGroupKind", "kv_layout", "cdiv", "FULL", "SLIDING", "CHUNKED", "LINEAR"]
+__all__ = ["KVLayout", "LayerGroupKind", "kv_layout", "hybrid_block_step", "cdiv", "FULL", "SLIDING", "CHUNKED", "LINEAR"]

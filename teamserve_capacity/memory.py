@@ -10,13 +10,23 @@ vLLM 0.32 ``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory`` and
                           (weights + non-torch memory + persistent buffers)
     transient_peak_headroom = torch peak - torch allocated after the profile run
 
-The profile run (``gpu_model_runner.py`` ``profile_run``) is one forward pass
-of ``max_num_batched_tokens`` dummy tokens split over
-``min(tokens, max_num_seqs)`` requests, followed by ``_dummy_sampler_run`` on
-one row per request; the transient peak is the larger of the two phases (the
-forward's activations are freed before the sampler runs; the forward's output
-hidden states stay alive). vLLM then logs "Available KV cache memory: X GiB".
-The CUDA-graph estimate is subtracted by default since v0.21
+The worker (``gpu_worker.py``) is shared by both model runners; vLLM 0.32.0
+runs the V2 model runner (``vllm/v1/worker/gpu/model_runner.py``) on CUDA
+unless a feature it lacks is asked for (``config/vllm.py``
+``VllmConfig.use_v2_model_runner``: Triton present, none of
+``_get_v2_model_runner_unsupported_features``, e.g. suffix/medusa
+speculative decoding; ``VLLM_USE_V2_MODEL_RUNNER=0`` forces V1,
+``gpu_model_runner.py``). Below, "V2" names that file and its
+``cudagraph_utils.py``/``sample/`` neighbours, "V1" the older runner.
+
+The profile run (V2 ``GPUModelRunner.profile_run``, and V1's alike) is one
+forward pass of ``max_num_batched_tokens`` dummy tokens split over
+``min(tokens, max_num_seqs)`` requests (``_dummy_run``), followed by
+``_dummy_sampler_run`` on one row per request; the transient peak is the
+larger of the two phases (the forward's activations are freed before the
+sampler runs; the forward's output hidden states stay alive). vLLM then logs
+"Available KV cache memory: X GiB". The CUDA-graph estimate
+(``profile_cudagraph_memory``) is subtracted by default since v0.21
 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS).
 
 The estimates below are read off that source; the two constants that are not
@@ -56,31 +66,44 @@ def non_torch_bytes(tensor_parallel_size: int) -> int:
     return NON_TORCH_BYTES_TP1 + (tensor_parallel_size - 1) * NON_TORCH_BYTES_PER_EXTRA_RANK
 
 
-# CUDA-graph estimate, shaped like vLLM 0.32 gpu_model_runner.py
-# profile_cudagraph_memory: per mode, the first (largest) capture's memory and
-# the second capture's cost times every further graph; the first captures of
-# FULL and PIECEWISE overlay (max), the per-graph costs add. The first capture
+# CUDA-graph estimate, shaped like vLLM 0.32's V2 profile_cudagraph_memory
+# (v1/worker/gpu/cudagraph_utils.py): PIECEWISE graphs are all captured and
+# measured, FULL ones extrapolated from the two largest as first capture +
+# (graphs - 1) x max(second capture, 1 MiB), both in one pool, so the first
+# captures of the two modes overlay (max) and the per-graph costs add; V1's
+# (gpu_model_runner.py) extrapolates both modes the same way. The first capture
 # holds one forward's activations for the largest capture size; the per-graph
-# cost per layer is calibrated on "Profiling CUDA graph memory: PIECEWISE=3
-# (largest=16), FULL=2 (largest=8)" -> "Estimated CUDA graph memory: 0.09 GiB
-# total" for a 64-layer model (noonghunna/club-3090 issue #434): 92 MiB / 5
-# graphs / 64 layers.
+# cost per layer is calibrated on V1's "Profiling CUDA graph memory:
+# PIECEWISE=3 (largest=16), FULL=2 (largest=8)" -> "Estimated CUDA graph memory:
+# 0.09 GiB total" for a 64-layer model (noonghunna/club-3090 issue #434): 92 MiB
+# / 5 graphs / 64 layers (no V2 log with a known model was found).
 CUDAGRAPH_BYTES_PER_GRAPH_LAYER = int(0.29 * MIB)
 # vLLM 0.32 config/vllm.py _set_cudagraph_sizes: capture sizes up to
-# min(2 x max_num_seqs, 512) (1024 on compute capability 10.x): 1, 2, 4, then
-# steps of 8 below 256 and of 16 above; FULL graphs for decode batches up to
-# max_num_seqs, PIECEWISE graphs for every size.
+# min(2 x max_num_seqs, 512, max_num_batched_tokens) (1024 instead of 512 on
+# compute capability 10.x, which no card of the GPU table is): 1, 2, 4, then
+# steps of 8 below 256 and of 16 above, plus max_num_batched_tokens when it is
+# the cap and max_num_seqs (the widest decode batch) when it is off that grid;
+# FULL graphs for decode batches up to max_num_seqs (V2 ModelCudaGraphManager
+# _init_candidates), PIECEWISE graphs for every size.
 CUDAGRAPH_MAX_CAPTURE = 512
 
-# Bytes per logit (rows x vocabulary) live at the peak of vLLM 0.32's
-# _dummy_sampler_run (gpu_model_runner.py) -> Sampler.forward
-# (v1/sample/sampler.py) -> TopKTopPSampler (v1/sample/ops/topk_topp_sampler.py):
-# the model-dtype logits compute_logits returns (2, held by the caller), their
-# float32 copy (4; temperature, top-k and top-p work in place on it: Triton
-# apply_top_k_top_p_triton, or FlashInfer's top_k_top_p_sampling_from_logits),
-# the float32 softmax probabilities (4) and random_sample's exponential noise
-# (4, empty_like(probs)).
-SAMPLER_BYTES_PER_LOGIT = 14
+# Bytes per logit (rows x vocabulary) live at the peak of the profile run's
+# sampler phase. vLLM 0.32's V2 runner (the CUDA default): _dummy_sampler_run ->
+# Sampler.__call__ (v1/worker/gpu/sample/sampler.py) on a dummy batch whose
+# requests were never added, so apply_sampling_params returns the logits
+# untouched (no float32 copy), top-k/top-p are off and gumbel_sample
+# (sample/gumbel.py) reduces in place into per-1,024-logit partials (12 bytes
+# each, 0.6 % of a bf16 row, left out): only the model-dtype logits
+# compute_logits returns (2).
+SAMPLER_BYTES_PER_LOGIT = 2
+# The same run on vLLM 0.32's V1 runner: _dummy_sampler_run
+# (gpu_model_runner.py) -> Sampler.forward (v1/sample/sampler.py) ->
+# TopKTopPSampler (v1/sample/ops/topk_topp_sampler.py): the model-dtype logits
+# (2, held by the caller), their float32 copy (4; temperature, top-k and top-p
+# work in place on it: Triton apply_top_k_top_p_triton, or FlashInfer's
+# top_k_top_p_sampling_from_logits), the float32 softmax probabilities (4) and
+# random_sample's exponential noise (4, empty_like(probs)).
+V1_SAMPLER_BYTES_PER_LOGIT = 14
 # The same run before the Triton top-k/top-p kernel (V0, and V1 up to the
 # releases the benchmark's "v1" cases come from): apply_top_k_top_p_pytorch
 # sorts the float32 logits, which holds the model-dtype logits (2) and float32
@@ -91,21 +114,43 @@ SAMPLER_BYTES_PER_LOGIT = 14
 SORT_SAMPLER_BYTES_PER_LOGIT = 38
 
 
-def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
-    """The batch sizes vLLM 0.32 captures by default for ``max_num_seqs``."""
-    top = min(2 * max_num_seqs, CUDAGRAPH_MAX_CAPTURE)
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int | None = None) -> list[int]:
+    """The batch sizes (tokens) vLLM 0.32 captures CUDA graphs for by default.
+
+    ``config/vllm.py`` ``VllmConfig._set_cudagraph_sizes`` without
+    speculative decoding (one query token per decode request).
+
+    Args:
+        max_num_seqs: --max-num-seqs.
+        max_num_batched_tokens: --max-num-batched-tokens, tokens; None: the
+            grid up to ``min(2 x max_num_seqs, 512)`` alone, without the
+            token cap and the two extra sizes.
+    Returns:
+        the sizes, ascending, each once.
+    """
+    grid_top = min(2 * max_num_seqs, CUDAGRAPH_MAX_CAPTURE)
+    top = grid_top if max_num_batched_tokens is None else min(grid_top, max_num_batched_tokens)
     sizes = [i for i in (1, 2, 4) if i <= top]
     if top >= 8:
         sizes += list(range(8, min(top + 1, 256), 8))
     if top >= 256:
         sizes += list(range(256, top + 1, 16))
-    return sizes
+    if max_num_batched_tokens is not None:
+        if max_num_batched_tokens <= top:
+            sizes.append(max_num_batched_tokens)
+        # The widest decode batch, compared with the cap before max_num_batched_tokens lowers it.
+        if max_num_seqs <= grid_top and max_num_seqs <= max_num_batched_tokens:
+            sizes.append(max_num_seqs)
+    return sorted(set(sizes))
 
 
-def cudagraph_bytes(spec: ModelSpec, tensor_parallel_size: int, max_num_seqs: int, act_bytes: int) -> int:
+def cudagraph_bytes(spec: ModelSpec, tensor_parallel_size: int, max_num_seqs: int, act_bytes: int,
+                    max_num_batched_tokens: int | None = None) -> int:
     """Estimated CUDA-graph memory vLLM 0.32 deducts from the KV budget.
 
-    Follows ``profile_cudagraph_memory`` (vLLM 0.32 gpu_model_runner.py):
+    Follows ``profile_cudagraph_memory`` (vLLM 0.32 V2
+    ``v1/worker/gpu/cudagraph_utils.py``; see
+    :data:`CUDAGRAPH_BYTES_PER_GRAPH_LAYER`):
     ``max(first capture per mode) + sum over modes of per_graph x (graphs - 1)``.
     The first capture holds one forward's activations for the largest capture
     size (:func:`activation_bytes_per_token`); the per-graph cost is
@@ -116,10 +161,12 @@ def cudagraph_bytes(spec: ModelSpec, tensor_parallel_size: int, max_num_seqs: in
         tensor_parallel_size: GPUs per model copy.
         max_num_seqs: --max-num-seqs (sets the capture sizes).
         act_bytes: bytes per activation element.
+        max_num_batched_tokens: --max-num-batched-tokens (caps the capture
+            sizes, :func:`cudagraph_capture_sizes`); None: not applied.
     Returns:
         bytes per GPU.
     """
-    sizes = cudagraph_capture_sizes(max_num_seqs)
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens)
     piecewise = len(sizes)
     full = len([s for s in sizes if s <= max_num_seqs])
     first = max(sizes) * activation_bytes_per_token(spec, tensor_parallel_size, act_bytes)
@@ -214,7 +261,7 @@ def sampler_peak_bytes(spec: ModelSpec, *, max_num_batched_tokens: int, max_num_
 
     ``profile_run`` keeps the forward's output hidden states (tokens x H) while
     ``_dummy_sampler_run`` samples one row per dummy request
-    (``min(tokens, max_num_seqs)`` rows, vLLM 0.32 ``_dummy_run``) over the
+    (``min(tokens, max_num_seqs)`` rows, vLLM 0.32 V2 ``_dummy_run``) over the
     whole vocabulary (logits are all-gathered, so every TP rank holds all of
     them): rows x vocab x :data:`SAMPLER_BYTES_PER_LOGIT`.
 
@@ -223,8 +270,10 @@ def sampler_peak_bytes(spec: ModelSpec, *, max_num_batched_tokens: int, max_num_
         max_num_batched_tokens: tokens of the profiling forward pass.
         max_num_seqs: --max-num-seqs.
         act_bytes: bytes per activation element.
-        bytes_per_logit: 14 for vLLM 0.32; the benchmark passes
-            :data:`SORT_SAMPLER_BYTES_PER_LOGIT` for older releases.
+        bytes_per_logit: :data:`SAMPLER_BYTES_PER_LOGIT` (2) for vLLM 0.32's
+            V2 runner; :data:`V1_SAMPLER_BYTES_PER_LOGIT` (14) for its V1
+            runner; the benchmark passes :data:`SORT_SAMPLER_BYTES_PER_LOGIT`
+            for older releases.
     Returns:
         bytes per GPU.
     """
@@ -281,7 +330,7 @@ def estimate_budget(spec: ModelSpec, *, total_bytes: int, total_source: str, gpu
         weights_source: where the weights come from (checkpoint, given, params, estimated), for the report.
         tensor_parallel_size: GPUs per model copy.
         max_num_batched_tokens: tokens of vLLM's profiling forward pass.
-        max_num_seqs: rows of the sampler's dummy run.
+        max_num_seqs: rows of the sampler's dummy run and the CUDA-graph capture sizes.
         measured: numbers from a real start-up log that replace estimates.
     Returns:
         the budget (kv_budget_bytes may be negative: the model does not fit).
@@ -313,7 +362,7 @@ def estimate_budget(spec: ModelSpec, *, total_bytes: int, total_source: str, gpu
                                          max_num_batched_tokens=max_num_batched_tokens,
                                          max_num_seqs=max_num_seqs, act_bytes=act_elem))
     graphs = pick("cudagraph", m.cudagraph_bytes,
-                  cudagraph_bytes(spec, tensor_parallel_size, max_num_seqs, act_elem))
+                  cudagraph_bytes(spec, tensor_parallel_size, max_num_seqs, act_elem, max_num_batched_tokens))
     if m.kv_cache_bytes is not None:
         kv = m.kv_cache_bytes
         sources["kv_budget"] = "measured"

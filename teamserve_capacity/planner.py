@@ -315,13 +315,35 @@ def _engine_int(engine: Mapping[str, Any], key: str, fix: str) -> int | None:
     return None if value is None else _pos_int(value, f"vllm_engine.{key}", fix)
 
 
+def _reserved_mib(value: Any, total_mib: int, index: int) -> int | None:
+    """A GPU row's ``memory_reserved_mib`` (nvidia-smi ``memory.reserved``, MiB), or None when absent.
+
+    Absent or null (a plan recorded before the nvidia_driver role read the field,
+    a driver that prints ``[N/A]``): the caller falls back to the GPU table.
+
+    Raises:
+        PlanError: not a whole number, negative, or not below ``memory_total_mib``.
+    """
+    if value is None:
+        return None
+    field = f"nvidia_driver_gpus[{index}].memory_reserved_mib"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanError(field, value, "give memory.reserved in MiB as nvidia-smi reports it (nounits), a whole "
+                        "number >= 0, or leave it out to use the GPU table's total")
+    if value >= total_mib:
+        raise PlanError(field, value, f"must be below memory_total_mib ({total_mib}); give both from the same "
+                        "`nvidia-smi --query-gpu=memory.total,memory.reserved` line")
+    return value
+
+
 def _gpus(gpus: Sequence[Mapping[str, Any]], tp: int) -> tuple[int, str, tuple[int, int], list[str], bool]:
     """The smallest usable memory (bytes, source) and compute capability of the GPUs one model copy uses.
 
     Returns:
         (total bytes vLLM sees per GPU, its source, compute capability, nvidia-smi names, any GeForce).
     Raises:
-        PlanError: no GPU rows, fewer than ``tp``, or a row without memory/compute capability.
+        PlanError: no GPU rows, fewer than ``tp``, a row without memory/compute capability, or a bad
+            ``memory_reserved_mib``.
     """
     if not isinstance(gpus, Sequence) or isinstance(gpus, (str, bytes)) or not gpus:
         raise PlanError("nvidia_driver_gpus", gpus,
@@ -337,9 +359,10 @@ def _gpus(gpus: Sequence[Mapping[str, Any]], tp: int) -> tuple[int, str, tuple[i
                        "give memory.total in MiB as nvidia-smi reports it (nounits), > 0")
         caps.append(parse_compute_cap(_req(g, "compute_cap", f"nvidia_driver_gpus[{i}]"),
                                       f"nvidia_driver_gpus[{i}].compute_cap"))
+        reserved = _reserved_mib(g.get("memory_reserved_mib"), mib, i)
         name = str(g.get("name") or f"GPU ({mib:,} MiB)")
         names.append(name)
-        total, source, _ = vllm_total(name, mib)
+        total, source, _ = vllm_total(name, mib, reserved)
         totals.append((total, source))
     total, source = min(totals)
     return total, source, min(caps), names, any(is_geforce(n) for n in names)
@@ -356,8 +379,10 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
             ``checkpoint`` is read by :func:`teamserve_capacity.weights.checkpoint_total`.
         workload: ``{concurrent_sequences | users [+ active_fraction],
             avg_context_tokens, max_context_tokens, ttft_p95_seconds, tpot_seconds}``.
-        gpus: nvidia-smi rows ``{index, name, memory_total_mib, compute_cap, driver_version}``;
-            a name in :data:`teamserve_capacity.gpus.GPU_TABLE` gets the memory vLLM sees on it.
+        gpus: nvidia-smi rows ``{index, name, memory_total_mib, memory_reserved_mib?, compute_cap,
+            driver_version}``; with ``memory_reserved_mib`` the memory vLLM sees is
+            ``memory_total_mib - memory_reserved_mib`` on any card, without it a name in
+            :data:`teamserve_capacity.gpus.GPU_TABLE` gets the table's figure.
         engine: ``{gpu_memory_utilization, kv_cache_dtype, tensor_parallel_size,
             block_size, vllm_version, max_num_seqs?, max_num_batched_tokens?,
             users_trust_each_other?, measured?}``; ``measured`` holds per-GPU

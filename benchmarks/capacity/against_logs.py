@@ -46,7 +46,8 @@ CONFIGS = HERE.parents[1] / "models/configs"
 # How each era's profiler sized the KV budget (see teamserve_capacity.memory):
 #   eager        the profile run executed the model uncompiled (V0);
 #   logit_bytes  bytes per sampled logit at the sampler's peak (sort-based
-#                top-k/top-p before vLLM's Triton kernel; 14 in 0.32);
+#                top-k/top-p before vLLM's Triton kernel; 2 in 0.32's default
+#                V2 model runner, 14 in its V1 runner);
 #   cudagraphs   whether the CUDA-graph estimate is deducted (default since 0.21).
 ERAS: dict[str, dict[str, Any]] = {
     "v0": {"eager": True, "logit_bytes": SORT_SAMPLER_BYTES_PER_LOGIT, "cudagraphs": False},
@@ -95,7 +96,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         peak = profile_peak_bytes(spec, tensor_parallel_size=tp, max_num_batched_tokens=batched,
                                   max_num_seqs=seqs, act_bytes=2, eager=era["eager"],
                                   bytes_per_logit=era["logit_bytes"])
-        graphs = cudagraph_bytes(spec, tp, seqs, 2) if era["cudagraphs"] else 0
+        # 0.32 caps the capture sizes at max_num_batched_tokens; the older eras deducted no graphs.
+        graphs = cudagraph_bytes(spec, tp, seqs, 2, batched) if era["cudagraphs"] else 0
         kv = requested - log["weights_gib"] * GIB - non_torch_bytes(tp) - peak - graphs
         out.update(logged_kv_gib=log["kv_cache_gib"], planner_kv_gib=round(kv / GIB, 2),
                    planner_peak_gib=round(peak / GIB, 2),

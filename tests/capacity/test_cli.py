@@ -153,3 +153,15 @@ def test_gpus_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = _run(capsys, ["gpus", "--json"])
     rows = json.loads(out)
     assert status == 0 and {r["key"] for r in rows} >= {"h200", "l40s", "rtx-3090"}
+
+
+def test_gpu_reserved_mib_gives_the_exact_total(capsys: pytest.CaptureFixture[str]) -> None:
+    """nvidia-smi memory.reserved of the box: memory.total - memory.reserved, on a known or another card."""
+    status, out = _json(capsys, BASE + ["--gpu", "h200", "--gpu-reserved-mib", "616"])
+    assert status == 0 and out["numbers"]["gpu_total_gib"] == round(143_155 / 1024, 2)
+    assert "memory.reserved 616 MiB" in out["numbers"]["sources"]["total"]
+    status, out = _json(capsys, BASE + ["--gpu-mib", "65536", "--compute-cap", "9.0", "--gpu-reserved-mib", "500"])
+    assert status == 0 and out["numbers"]["gpu_total_gib"] == round((65536 - 500) / 1024, 2)
+    for bad in ("-1", "143771"):
+        status, _, err = _run(capsys, BASE + ["--gpu", "h200", "--gpu-reserved-mib", bad])
+        assert status == 2 and "--gpu-reserved-mib" in err and "memory.reserved" in err

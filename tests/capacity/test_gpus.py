@@ -79,3 +79,55 @@ def test_plans_use_the_memory_vllm_sees() -> None:
         assert (numbers["sources"]["total"].startswith("estimated")) is (gib is None)
     # the role's default GPU is the table's RTX PRO 6000
     assert plan(model, WL, [RTX_PRO_6000], ENGINE)["numbers"]["gpu_total_gib"] == 94.97
+
+
+# Measured on an H200, driver 580.159.04, PyTorch 2.11.0+cu130: nvidia-smi memory.total and memory.reserved
+# (MiB), and torch.cuda.mem_get_info()'s total (bytes), the figure vLLM multiplies by --gpu-memory-utilization.
+H200_SMI_TOTAL_MIB, H200_SMI_RESERVED_MIB, H200_TORCH_TOTAL_BYTES = 143771, 616, 150_109_880_320
+H200_ROW = {"index": 0, "name": "NVIDIA H200", "memory_total_mib": H200_SMI_TOTAL_MIB, "compute_cap": "9.0",
+            "driver_version": "580.159.04"}
+
+
+def test_total_minus_reserved_is_what_pytorch_sees_on_an_h200() -> None:
+    total, source, gpu = vllm_total("NVIDIA H200", H200_SMI_TOTAL_MIB, H200_SMI_RESERVED_MIB)
+    assert total == 143_155 * MIB and gpu is not None and gpu.key == "h200"
+    assert 0 <= H200_TORCH_TOTAL_BYTES - total < MIB  # within 1 MiB, and never more than the card has
+    assert "memory.reserved 616 MiB" in source
+    # the table's 139.80 GiB is the same card, and implies the same reservation
+    assert gpu.implied_reserved_mib == H200_SMI_RESERVED_MIB
+    # the default reservation it replaces for unlisted cards cost 255 MiB here
+    estimated, _, _ = vllm_total("Some H200-class card", H200_SMI_TOTAL_MIB)
+    assert (total - estimated) // MIB == DEFAULT_RESERVED_MIB - H200_SMI_RESERVED_MIB == 255
+
+
+@pytest.mark.parametrize(("name", "total_mib"), [
+    ("Some Future GPU", 65536),          # not in the table
+    ("NVIDIA A100-SXM4-80GB", 40192),    # a known name with another total (a MIG slice)
+    ("NVIDIA L40S", 46068),              # a measured card: the box's figure wins over the table's
+])
+def test_reserved_gives_the_total_on_any_card(name: str, total_mib: int) -> None:
+    total, source, _ = vllm_total(name, total_mib, 500)
+    assert total == (total_mib - 500) * MIB and source.startswith("nvidia-smi: memory.total")
+
+
+def test_plans_use_the_boxs_reserved_and_fall_back_to_the_table_without_it() -> None:
+    model = {"name": "tiny", "config": tiny_llama_config(), "weight_format": "bf16"}
+    exact = plan(model, WL, [dict(H200_ROW, memory_reserved_mib=616)], ENGINE)["numbers"]
+    assert exact["gpu_total_gib"] == round(143_155 * MIB / GIB, 2)
+    assert exact["sources"]["total"].startswith("nvidia-smi: memory.total 143,771 MiB - memory.reserved 616 MiB")
+    # a GPU list recorded before the field was read (no key), or [N/A] published as null: the table
+    for row in (H200_ROW, dict(H200_ROW, memory_reserved_mib=None)):
+        numbers = plan(model, WL, [row], ENGINE)["numbers"]
+        assert numbers["sources"]["total"].startswith("139.80 GiB measured")
+    # an unlisted card: the box's figure instead of the 871 MiB estimate
+    unlisted = dict(H200_ROW, name="Some Future GPU")
+    assert plan(model, WL, [unlisted], ENGINE)["numbers"]["sources"]["total"].startswith("estimated")
+    with_reserved = plan(model, WL, [dict(unlisted, memory_reserved_mib=616)], ENGINE)["numbers"]
+    assert with_reserved["kv_budget_bytes"] > plan(model, WL, [unlisted], ENGINE)["numbers"]["kv_budget_bytes"]
+
+
+def test_the_smallest_exact_total_of_a_tensor_parallel_pair_wins() -> None:
+    model = {"name": "tiny", "config": tiny_llama_config(), "weight_format": "bf16"}
+    rows = [dict(H200_ROW, memory_reserved_mib=616), dict(H200_ROW, index=1, memory_reserved_mib=700)]
+    numbers = plan(model, WL, rows, dict(ENGINE, tensor_parallel_size=2))["numbers"]
+    assert numbers["gpu_total_gib"] == round((143_771 - 700) * MIB / GIB, 2)

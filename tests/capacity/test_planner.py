@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from teamserve_capacity import PlanError, plan
-from teamserve_capacity.kv import kv_layout
+from teamserve_capacity.kv import hybrid_block_step, kv_layout
 from teamserve_capacity.model import CHUNKED, FULL, LINEAR, SLIDING, parse_config
 
 from .conftest import CONFIGS, ENGINE, RTX_PRO_6000, load_config, tiny_llama_config
@@ -176,6 +176,22 @@ def test_qwen3_next_linear_state_grows_attention_block() -> None:
     kinds = {layer["kind"]: layer for layer in result["layers"]}
     assert kinds[LINEAR]["state_bytes_per_seq"] == 1_097_728
     assert result["numbers"]["kv_bytes_per_token"] == 12 * 2048
+
+
+@pytest.mark.parametrize(("block", "expected"), [(16, 544), (32, 544), (64, 576), (128, 640), (256, 768)])
+def test_hybrid_block_grows_in_steps_of_the_block_size(block: int, expected: int) -> None:
+    """vLLM 0.32 _align_hybrid_block_size: steps of max(16, --block-size) until a page holds the state."""
+    model = {"name": "q", "config": load_config("Qwen--Qwen3-Next-80B-A3B-Instruct"),
+             "weight_format": "bf16", "weight_bytes": 2 * 1024 ** 3}
+    wl = {"concurrent_sequences": 4, "avg_context_tokens": 2000, "max_context_tokens": 8192}
+    numbers = plan(model, wl, [RTX_PRO_6000], dict(ENGINE, block_size=block))["numbers"]
+    assert numbers["block_size"] == expected and expected % block == 0
+    assert (expected - block) * 2048 < 1_097_728 <= expected * 2048  # the smallest such block that holds it
+
+
+def test_hybrid_block_step() -> None:
+    assert [hybrid_block_step(b, False) for b in (8, 16, 32, 64)] == [16, 16, 32, 64]
+    assert hybrid_block_step(16, True) == 128 and hybrid_block_step(256, True) == 256
 
 
 def test_does_not_fit_names_numbers_and_levers() -> None:

@@ -40,8 +40,10 @@ def run_cases(tmp: pathlib.Path, hosts: dict[str, dict[str, Any]], playbook: str
                         "out_dir": str(tmp), **variables} for name, variables in hosts.items()}
     (tmp / "inventory.yml").write_text(json.dumps({"all": {"hosts": inventory}}))
     (tmp / "play.yml").write_text(playbook)
+    # PYTHONPATH: the filter plugins import this checkout's teamserve_capacity, not the one the venv was
+    # installed from (another worktree's).
     env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin"}
+           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"),
                           "--forks", str(forks), str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True,
                          text=True, check=False)
@@ -55,7 +57,7 @@ def example_profile_plans() -> dict[str, dict[str, Any]]:
     Raises AssertionError with the play's output tail if the play fails."""
     env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json",
-               ANSIBLE_FILTER_PLUGINS=str(REPO / "roles/vllm/filter_plugins"))
+               ANSIBLE_FILTER_PLUGINS=str(REPO / "roles/vllm/filter_plugins"), PYTHONPATH=str(REPO))
     run = subprocess.run(
         [str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i", str(REPO / "inventories/example"),
          str(REPO / "tests/capacity/plan_profiles.yml")],

@@ -228,20 +228,24 @@ def test_toolkit_driver_pair(toolkit, branch, ok):
 
 
 def test_nvidia_driver_gpus_fact_matches_contract():
-    """docs/contracts.md: list of {index:int, name, memory_total_mib:int, compute_cap:str, driver_version}."""
+    """docs/contracts.md: list of {index:int, name, memory_total_mib:int, memory_reserved_mib:int|None,
+    compute_cap:str, driver_version}; [N/A] for memory.reserved is published as null."""
     role = Role("nvidia_driver", FACTS[("Debian", "12")])
+    query = role.task("verify.yml", "Query the GPUs with nvidia-smi")["ansible.builtin.command"]["argv"]
+    assert query[1] == "--query-gpu=index,name,memory.total,memory.reserved,compute_cap,driver_version"
     task = role.task("verify.yml", "Publish nvidia_driver_gpus (docs/contracts.md)")
     role.vars["__nvidia_driver_smi"] = {"stdout_lines": [
-        "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 12.0, 580.95.05",
-        "1, NVIDIA H100 80GB HBM3, 81559, 9.0, 580.95.05", ""]}
+        "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 638, 12.0, 580.95.05",
+        "1, NVIDIA H100 80GB HBM3, 81559, [N/A], 9.0, 580.95.05", ""]}
     role.vars.update(trust(task["vars"]))
     gpus = role.render(task["ansible.builtin.set_fact"]["nvidia_driver_gpus"])
     assert gpus == [
         {"index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "memory_total_mib": 97887,
-         "compute_cap": "12.0", "driver_version": "580.95.05"},
-        {"index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
+         "memory_reserved_mib": 638, "compute_cap": "12.0", "driver_version": "580.95.05"},
+        {"index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "memory_reserved_mib": None,
          "compute_cap": "9.0", "driver_version": "580.95.05"}]
     assert isinstance(gpus[0]["compute_cap"], str) and isinstance(gpus[0]["memory_total_mib"], int)
+    assert isinstance(gpus[0]["memory_reserved_mib"], int)
 
 
 def _pci_ids(*ids):

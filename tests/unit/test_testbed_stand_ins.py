@@ -147,6 +147,26 @@ def test_compute_apps_lists_engine_cores_and_configured_holders(nvidia_smi, tmp_
     assert "CUDA Version: 12.8 " in table and "89122MiB /  97887MiB" in table
 
 
+def test_memory_reserved_answers_as_the_real_tool_and_gives_the_tables_total(nvidia_smi, tmp_path):
+    """memory.reserved in the real tool's formats (H200, driver 580.159.04: `143771 MiB, 616 MiB` with
+    --format=csv); total - reserved is what the planner's GPU table says vLLM sees on this card."""
+    from teamserve_capacity import GIB, MIB, find_gpu
+
+    run = [nvidia_smi, "--query-gpu=memory.total,memory.reserved"]
+    assert subprocess.run(run + ["--format=csv"], check=True, capture_output=True, text=True).stdout == (
+        "memory.total [MiB], memory.reserved [MiB]\n97887 MiB, 638 MiB\n")
+    line = subprocess.run([nvidia_smi, "--query-gpu=index,name,memory.total,memory.reserved,compute_cap,"
+                           "driver_version", "--format=csv,noheader,nounits"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    assert line == "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, 638, 12.0, 580.95.05"
+    card = find_gpu("rtx-pro-6000")
+    assert card is not None and card.implied_reserved_mib == 638
+    assert round((97887 - 638) * MIB / GIB, 2) == card.vllm_gib
+    (tmp_path / "gpu.env").write_text("TESTBED_GPU_MEMORY_RESERVED_MIB=[N/A]\n")
+    assert subprocess.run(run + ["--format=csv,noheader"], check=True, capture_output=True,
+                          text=True).stdout == "97887 MiB, [N/A]\n"
+
+
 # --- the previous vLLM release, built over the engine image (tests/testbed/engine/Dockerfile.previous) ---
 
 swap_release = load("swap_release", "tests/testbed/engine/swap_release.py")

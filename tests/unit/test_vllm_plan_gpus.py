@@ -40,7 +40,8 @@ PLAYBOOK = """
       when: entry_point == 'deployed'
     - ansible.builtin.copy:
         content: "{{ {'gpu': vllm_plan.numbers.gpu, 'max_num_seqs': vllm_plan.flags['max-num-seqs'],
-                      'argv': vllm_argv} | to_json }}"
+                      'argv': vllm_argv, 'total': (vllm_plan.numbers.sources | default({})).total | default(''),
+                      'shape': __vllm_planned_gpus | default(none)} | to_json }}"
         dest: "{{ out_dir }}/{{ inventory_hostname }}.txt"
         mode: "0600"
       delegate_to: localhost
@@ -62,6 +63,9 @@ def planned(tmp_path_factory) -> dict[str, dict]:
         "plan_after_the_driver_reported": dict(common, entry_point="plan", vllm_plan_record=str(tmp / "h200.json"),
                                                nvidia_driver_gpus=[dict(H200[0], name="NVIDIA H100 80GB HBM3",
                                                                         memory_total_mib=81559)]),
+        "plan_after_the_driver_reported_memory_reserved": dict(
+            common, entry_point="plan", vllm_plan_record=str(tmp / "h200.json"),
+            nvidia_driver_gpus=[dict(H200[0], memory_reserved_mib=616)]),
         "deployed_on_an_h200_box": dict(common, entry_point="deployed", vllm_plan_record=str(tmp / "h200.json")),
         "deployed_on_a_box_without_record": dict(common, entry_point="deployed",
                                                  vllm_plan_record=str(tmp / "none.json")),
@@ -81,9 +85,23 @@ def test_what_the_driver_reports_in_the_run_wins(planned):
     assert planned["plan_after_the_driver_reported"]["gpu"] == "NVIDIA H100 80GB HBM3"
 
 
+def test_the_drivers_memory_reserved_gives_the_exact_total(planned):
+    """nvidia_driver_gpus' memory_reserved_mib reaches the planner; it is part of what a re-plan compares."""
+    got = planned["plan_after_the_driver_reported_memory_reserved"]
+    assert got["total"] == "nvidia-smi: memory.total 143,771 MiB - memory.reserved 616 MiB"
+    assert got["shape"] == [[143771, 616, "9.0"]]
+
+
+def test_a_plan_recorded_without_memory_reserved_is_still_read(planned):
+    """GPU lists recorded before the driver role read memory.reserved plan with the GPU table's total."""
+    got = planned["plan_on_an_h200_box"]
+    assert got["total"].startswith("139.80 GiB measured") and got["shape"] == [[143771, None, "9.0"]]
+
+
 def test_deployed_reads_the_recorded_plan_without_planning(planned):
     """The record's own numbers come back (a re-plan would give the tiny model's 8 sequences)."""
-    assert planned["deployed_on_an_h200_box"] == {"gpu": "NVIDIA H200", "max_num_seqs": 7, "argv": ["recorded"]}
+    assert planned["deployed_on_an_h200_box"] == {"gpu": "NVIDIA H200", "max_num_seqs": 7, "argv": ["recorded"],
+                                                  "total": "", "shape": None}
 
 
 def test_deployed_without_a_record_plans_from_the_inventory(planned):

@@ -51,11 +51,12 @@ def test_engine_runs_with_the_planned_argv(host, testbed_vars):
     from teamserve_capacity import plan as planner_plan  # what the role's filter calls
 
     gpu_csv = host.check_output(
-        "nvidia-smi --query-gpu=index,name,memory.total,compute_cap,driver_version --format=csv,noheader,nounits"
+        "nvidia-smi --query-gpu=index,name,memory.total,memory.reserved,compute_cap,driver_version "
+        "--format=csv,noheader,nounits"
     )
-    index, name, memory, cc, driver = [f.strip() for f in gpu_csv.splitlines()[0].split(",")]
-    gpus = [{"index": int(index), "name": name, "memory_total_mib": int(memory), "compute_cap": cc,
-             "driver_version": driver}]
+    index, name, memory, reserved, cc, driver = [f.strip() for f in gpu_csv.splitlines()[0].split(",")]
+    gpus = [{"index": int(index), "name": name, "memory_total_mib": int(memory),
+             "memory_reserved_mib": int(reserved), "compute_cap": cc, "driver_version": driver}]
     engine = dict(testbed_vars.get("vllm_engine", {}))
     engine.setdefault("vllm_version", "0.32.0")
     plan = planner_plan(testbed_vars["vllm_model"], testbed_vars["vllm_workload"], gpus, engine)

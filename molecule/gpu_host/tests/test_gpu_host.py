@@ -93,9 +93,10 @@ def test_persistenced_enabled_and_running(host):
 
 def test_nvidia_smi_query_matches_contract(host):
     pin = pinned_version(host, "/etc/apt/preferences.d/nvidia-driver.pref").rsplit("-", 1)[0]
-    out = host.check_output("nvidia-smi --query-gpu=index,name,memory.total,compute_cap,driver_version "
-                            "--format=csv,noheader,nounits")
-    assert out.split(", ") == ["0", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "97887", "12.0", pin]
+    out = host.check_output("nvidia-smi --query-gpu=index,name,memory.total,memory.reserved,compute_cap,"
+                            "driver_version --format=csv,noheader,nounits")
+    assert out.split(", ") == ["0", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "97887", "638", "12.0",
+                               pin]
 
 
 def test_daemon_json_keeps_admin_keys_and_has_nvidia_runtime(host):
