@@ -25,7 +25,7 @@ history, never fitted (:func:`accounting`):
 * the CUDA-graph estimate is deducted only from vLLM 0.21 on (the 0.21+ log
   says "CUDA graph memory profiling is enabled (default since v0.21.0)").
 
-Run:  .venv/bin/python benchmarks/capacity/startup_logs.py [--json] [--case ID]
+Run:  .venv/bin/python benchmarks/capacity/startup_logs.py [--json] [--case ID] [--pinned]
 """
 
 from __future__ import annotations
@@ -107,12 +107,17 @@ def _version(text: str) -> tuple[int, int]:
         return (99, 0)  # "V1 (January 2026)": a release after 0.21
 
 
-def accounting(case: dict[str, Any]) -> dict[str, Any]:
+def accounting(case: dict[str, Any], pinned: bool = False) -> dict[str, Any]:
     """How the case's vLLM release sized the KV budget where it differs from 0.32.
 
+    Args:
+        case: the corpus case.
+        pinned: ignore the release and account as the pinned vLLM does (the planner as shipped).
     Returns:
         ``{eager, bytes_per_logit, cudagraph_deducted}``.
     """
+    if pinned:
+        return {"eager": False, "bytes_per_logit": SAMPLER_032, "cudagraph_deducted": True}
     return {
         "eager": case["engine"] == "v0",
         "bytes_per_logit": SAMPLER_BYTES_PER_LOGIT[case.get("sampler", "0.32")],
@@ -134,7 +139,7 @@ def _pct(planned: float, logged: float) -> float:
     return round(100 * (planned - logged) / abs(logged), 2) if logged else float("nan")
 
 
-def run_case(case: dict[str, Any]) -> Result:
+def run_case(case: dict[str, Any], pinned: bool = False) -> Result:
     """Plan one case and compare; never raises for a modelled case (a refusal is a result)."""
     flags = case["flags"]
     tp = int(flags.get("tensor_parallel_size", 1))
@@ -175,7 +180,7 @@ def run_case(case: dict[str, Any]) -> Result:
     gpu = find_gpu(case["gpu"]["name"])
     if gpu is None:
         raise ValueError(f"{case['id']}: GPU {case['gpu']['name']!r} is not in teamserve_capacity.gpus.GPU_TABLE")
-    acc = accounting(case)
+    acc = accounting(case, pinned)
     seqs, batched = int(flags["max_num_seqs"]), int(flags["max_num_batched_tokens"])
     peak = profile_peak_bytes(spec, tensor_parallel_size=tp, max_num_batched_tokens=batched, max_num_seqs=seqs,
                               act_bytes=2, eager=acc["eager"], bytes_per_logit=acc["bytes_per_logit"])
@@ -252,9 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--case", help="one case id")
+    parser.add_argument("--pinned", action="store_true",
+                        help="account every case as the pinned vLLM does, ignoring its release")
     args = parser.parse_args(argv)
     cases = [c for c in load_cases() if not args.case or c["id"] == args.case]
-    results = [run_case(c) for c in cases]
+    results = [run_case(c, args.pinned) for c in cases]
     stats = summary(results)
     if args.json:
         print(json.dumps({"cases": [r.__dict__ for r in results], "summary": stats}, indent=1))

@@ -36,10 +36,11 @@ RESULTS = {c["id"]: H.run_case(c) for c in CASES}
 
 # Corpus-wide |error| of the planned KV-cache tokens, percent: the measured median and p90
 # (benchmarks/capacity/startup_logs.md), rounded up.
-KV_TOKENS_MEDIAN_BOUND = 1.2
+KV_TOKENS_MEDIAN_BOUND = 1.4
 KV_TOKENS_P90_BOUND = 12.6
-# Per-term medians, measured and rounded up likewise.
-TERM_MEDIAN_BOUNDS = {"weights": 0.4, "activation": 0.9, "kv_memory": 1.2}
+# Per-term medians and p90s, measured and rounded up likewise (weights' p90 holds the MXFP4 padding).
+TERM_MEDIAN_BOUNDS = {"weights": 0.3, "activation": 1.0, "kv_memory": 1.2}
+TERM_P90_BOUNDS = {"weights": 0.9, "activation": 1.5}
 
 
 def test_corpus_spans_the_ranges_the_planner_is_used_in() -> None:
@@ -110,3 +111,5 @@ def test_end_to_end_error_stays_within_the_measured_bounds(capsys: pytest.Captur
     assert stats["kv_tokens"]["p90"] <= KV_TOKENS_P90_BOUND
     for term, bound in TERM_MEDIAN_BOUNDS.items():
         assert stats[term]["median"] <= bound, (term, stats[term])
+    for term, bound in TERM_P90_BOUNDS.items():
+        assert stats[term]["p90"] <= bound, (term, stats[term])
