@@ -36,7 +36,7 @@ RESULTS = {c["id"]: H.run_case(c) for c in CASES}
 
 # Corpus-wide |error| of the planned KV-cache tokens, percent: the measured median and p90
 # (benchmarks/capacity/startup_logs.md), rounded up.
-KV_TOKENS_MEDIAN_BOUND = 1.4
+KV_TOKENS_MEDIAN_BOUND = 1.5
 KV_TOKENS_P90_BOUND = 12.6
 # Per-term medians and p90s, measured and rounded up likewise (weights' p90 holds the MXFP4 padding).
 TERM_MEDIAN_BOUNDS = {"weights": 0.3, "activation": 1.0, "kv_memory": 1.2}
