@@ -25,7 +25,7 @@ history, never fitted (:func:`accounting`):
 * the CUDA-graph estimate is deducted only from vLLM 0.21 on (the 0.21+ log
   says "CUDA graph memory profiling is enabled (default since v0.21.0)").
 
-Run:  .venv/bin/python benchmarks/capacity/startup_logs.py [--json] [--case ID] [--pinned]
+Run (from the repository root):  PYTHONPATH=. .venv/bin/python benchmarks/capacity/startup_logs.py [--json] [--case ID] [--pinned]
 """
 
 from __future__ import annotations
