@@ -26,6 +26,8 @@ from .weights import (
     checkpoint_total,
     estimate_from_params,
     estimate_weights,
+    mxfp4_moe_backend,
+    mxfp4_padding_bytes_per_rank,
     quant_from_config,
 )
 
@@ -483,6 +485,13 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
                         "or lower max_num_seqs")
     in_flight = 2 * batched  # async scheduling: two batches in flight
     weights_total, weights_kind, weights_source = _weights_total(model, spec, fmt)
+    if fmt == "mxfp4" and weights_kind in ("estimated", "params"):
+        # A checkpoint's or a given size is the file's; the estimate adds what vLLM's kernel pads per rank.
+        pad = mxfp4_padding_bytes_per_rank(spec, tp, cap)
+        if pad:
+            weights_total += pad * tp
+            weights_source += (f"; + {pad / GIB:.2f} GiB per GPU that vLLM's {mxfp4_moe_backend(cap)} "
+                               "MXFP4 kernel pads each rank's experts to")
     measured = Measured(**{k: v for k, v in dict(engine.get("measured") or {}).items()
                            if k in Measured.__dataclass_fields__})
     if measured.weights_bytes is not None:

@@ -415,6 +415,70 @@ def estimate_weights(spec: ModelSpec, quant: Quant | None) -> WeightEstimate:
                           quantised_bytes=q_bytes, method=quant.method if quant else "16-bit")
 
 
+def _round_up(x: int, multiple: int) -> int:
+    return cdiv(x, multiple) * multiple
+
+
+def mxfp4_moe_backend(compute_cap: tuple[int, int]) -> str:
+    """The MXFP4 MoE kernel vLLM picks by default on a GPU of ``compute_cap``.
+
+    vLLM ``model_executor/layers/quantization/mxfp4.py`` ``get_mxfp4_backend``
+    (main at commit 007d5005, the 0.1x line; the FlashInfer SM90 and CUTLASS
+    paths need opt-in variables and are not modelled): compute capability 10.x
+    with FlashInfer -> ``flashinfer`` (SM100_FI_MXFP4_BF16); 9.0 up to 11.0 with
+    triton_kernels -> ``triton``; every other CUDA GPU (Ampere, Ada, 12.x
+    Blackwell workstation cards) -> ``marlin``.
+
+    Args:
+        compute_cap: (major, minor).
+    Returns:
+        "marlin", "triton" or "flashinfer".
+    """
+    if compute_cap[0] == 10:
+        return "flashinfer"
+    if (9, 0) <= compute_cap < (11, 0):
+        return "triton"
+    return "marlin"
+
+
+def mxfp4_padding_bytes_per_rank(spec: ModelSpec, tensor_parallel_size: int, compute_cap: tuple[int, int]) -> int:
+    """Bytes one tensor-parallel rank loads beyond its share of an MXFP4 checkpoint's experts.
+
+    vLLM ``Mxfp4MoEMethod.create_weights`` (mxfp4.py, commit 007d5005) pads each
+    rank's expert matrices before loading into them: the intermediate size per
+    partition (``I / TP``) is rounded up to 128 for Marlin, 256 for FlashInfer on
+    SM100 and 64 otherwise; the hidden size to 256 for Marlin and FlashInfer.
+    Each expert then holds ``w13`` [2 I', H' / 2] uint8 with [2 I', H' / 32]
+    scales and a [2 I'] bf16 bias, and ``w2`` [H', I' / 2] with [H', I' / 32]
+    scales and an [H'] bf16 bias (``w2``'s bias is not split by TP). Triton's
+    later swizzle (``_swizzle_mxfp4``) may pad further; that is not modelled.
+
+    Args:
+        spec: the parsed config (an MoE model).
+        tensor_parallel_size: GPUs the experts are split across.
+        compute_cap: the GPU's (major, minor), which picks the kernel (:func:`mxfp4_moe_backend`).
+    Returns:
+        padded per-rank expert bytes minus the unpadded expert bytes / TP (0 for a dense model).
+    """
+    moe = spec.moe
+    if moe is None:
+        return 0
+    moe_layers = sum(1 for i in range(spec.num_layers) if _moe_layer(spec, i))
+    h, width, tp = spec.hidden_size, moe.expert_intermediate_size, tensor_parallel_size
+    backend = mxfp4_moe_backend(compute_cap)
+    i_align, h_align = {"marlin": (128, 256), "flashinfer": (256, 256), "triton": (64, 1)}[backend]
+    ip, hp = _round_up(width // tp, i_align), _round_up(h, h_align)
+
+    def expert_bytes(i: int, hh: int) -> int:
+        w13 = 2 * i * hh // 2 + 2 * i * hh // 32 + 2 * i * 2
+        w2 = hh * i // 2 + hh * i // 32 + hh * 2
+        return w13 + w2
+
+    padded = expert_bytes(ip, hp)
+    share = expert_bytes(width, h) / tp
+    return max(0, int((padded - share) * moe.num_experts * moe_layers))
+
+
 def estimate_params(spec: ModelSpec) -> int:
     """Parameters of the model counted from its config (:func:`tensor_layout`), whole model."""
     return estimate_weights(spec, None).params

@@ -18,7 +18,7 @@ from teamserve_capacity import (
     quant_from_config,
     registry,
 )
-from teamserve_capacity.weights import estimate_from_params, read_checkpoint_file
+from teamserve_capacity.weights import estimate_from_params, mxfp4_padding_bytes_per_rank, read_checkpoint_file
 
 from .conftest import ENGINE, REPO, RTX_PRO_6000, load_config
 
@@ -192,3 +192,24 @@ def test_a_config_without_a_context_length_is_an_error_not_a_2048_cap() -> None:
         plan({"name": "l", "config": config}, WL, [RTX_PRO_6000], ENGINE)
     assert err.value.field == "config.max_position_embeddings" and "2,048" in err.value.fix
     assert "max_position_embeddings" in err.value.fix
+
+
+def test_mxfp4_experts_are_padded_per_rank_as_the_kernel_lays_them_out() -> None:
+    """vLLM pads each rank's MXFP4 experts (Mxfp4MoEMethod.create_weights): the estimate follows the GPU's kernel.
+
+    gpt-oss-120b at TP=4 on A100s (Marlin: intermediate 2,880 / 4 = 720 -> 768, hidden 2,880 -> 3,072)
+    logged 'Model loading took 17.2217 GiB' per rank (dennislee22/vLLM-benchmarking,
+    log/vllm-120B-4gpuA10080GB-0.8GRAM-diff-nodes.log, vLLM 0.10.1.1).
+    """
+    spec = parse_config(load_config("openai--gpt-oss-120b"))
+    assert mxfp4_padding_bytes_per_rank(spec, 1, (9, 0)) == 0  # Triton: 2,880 is already a multiple of 64
+    assert mxfp4_padding_bytes_per_rank(spec, 4, (9, 0)) > 0  # 720 -> 768
+    assert mxfp4_padding_bytes_per_rank(parse_config(load_config("Qwen--Qwen3-32B")), 2, (8, 0)) == 0
+    a100 = {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920, "compute_cap": "8.0"}
+    tp4 = plan({"name": "g", "config": load_config("openai--gpt-oss-120b")}, WL, [a100] * 4,
+               dict(ENGINE, tensor_parallel_size=4))
+    assert abs(tp4["numbers"]["weights_gib"] / 17.2217 - 1) < 0.01
+    assert "marlin MXFP4 kernel pads" in tp4["numbers"]["weights_source"]
+    given = plan({"name": "g", "config": load_config("openai--gpt-oss-120b"), "weight_bytes": 69127779205},
+                 WL, [RTX_PRO_6000], ENGINE)
+    assert given["numbers"]["weights_gib"] == round(69127779205 / GIB, 2)  # a given size is not padded again
