@@ -11,7 +11,9 @@ wire format of the OpenAI API (the format vLLM's OpenAI-compatible server also s
   unbuffered streaming measures these gaps on the client side), ending with ``data: [DONE]``.
   ``max_tokens`` sets the number of tokens (default 8, at most 10000). ``"model": "fixture-busy"`` gets
   the 503 vLLM answers when its queue is full (``--max-num-queued-reqs``), body copied from the real
-  vLLM 0.32.0 CPU build's answer on the testbed (no Retry-After).
+  vLLM 0.32.0 CPU build's answer on the testbed (no Retry-After). ``"model": "fixture-wait"`` answers a
+  non-streamed request only after ``max_tokens`` x ``FIXTURE_TOKEN_DELAY_S`` seconds, as an engine does
+  that generates before it sends anything (a client can go away before the answer).
 * ``GET /fixture/stats`` -> JSON counters: requests served, streams completed, streams aborted by the
   client (a write to a closed socket), and the Authorization header values seen, hashed with SHA-256
   (so tests can prove which key reached the engine without the key ever being logged).
@@ -39,6 +41,8 @@ HOST, _, PORT = os.environ.get("FIXTURE_LISTEN", "127.0.0.1:8000").rpartition(":
 MODEL = os.environ.get("FIXTURE_MODEL", "fixture")  # the model it serves and names in every answer
 # Asking for this model gets the engine's "queue full" 503 (body as the real vLLM 0.32.0 CPU build sends it).
 BUSY_MODEL = "fixture-busy"
+# Asking for this model delays a non-streamed answer by the time its tokens take.
+WAIT_MODEL = "fixture-wait"
 
 _lock = threading.Lock()
 _stats: dict[str, Any] = {
@@ -122,13 +126,18 @@ class Handler(BaseHTTPRequestHandler):
         tokens = max(1, min(int(request.get("max_tokens") or 8), 10000))
         created = int(time.time())
         if not request.get("stream"):
+            if request.get("model") == WAIT_MODEL:
+                time.sleep(tokens * TOKEN_DELAY_S)
             body = {
                 "id": "chatcmpl-fixture", "object": "chat.completion", "created": created, "model": MODEL,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok " * tokens},
                              "finish_reason": "length"}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
             }
-            self._send_json(200, json.dumps(body).encode())
+            try:
+                self._send_json(200, json.dumps(body).encode())
+            except (BrokenPipeError, ConnectionResetError):  # the gateway dropped it: its client went away
+                self.close_connection = True
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

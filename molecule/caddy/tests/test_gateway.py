@@ -341,7 +341,49 @@ def test_a_body_sent_slower_than_the_read_timeout_frees_its_slot(host, base_url,
             entry = logged.result()
     assert sent < len(body), "the whole body was sent before the gateway gave up on it"
     assert entry["duration"] < 3 + 2, entry["duration"]  # seconds, from the request's start
-    assert entry["status"] != 200, entry
+    # The client's delay, said as such: not the engine's 502.
+    assert (entry["status"], entry.get("refused"), entry.get("user")) == (408, "request_timeout", "bob"), entry
+    reply = client(base_url, ca_file, keys["bob"]).chat.completions.create(model="fixture", messages=[], max_tokens=2)
+    assert reply.choices[0].message.content
+
+
+def tls_connection(base_url: str, ca_file: str) -> ssl.SSLSocket:
+    """A raw TLS connection to the gateway (10 s socket timeout), for requests no HTTP client sends."""
+    url = urllib.parse.urlsplit(base_url)
+    plain = socket.create_connection((url.hostname, url.port), timeout=10)
+    return ssl.create_default_context(cafile=ca_file).wrap_socket(plain, server_hostname=url.hostname)
+
+
+def test_a_body_cut_short_is_the_clients_400_not_the_engines_502(host, base_url, ca_file, keys):
+    """A client whose connection ends before the bytes its Content-Length announced: the gateway's own
+    400 request_body_incomplete with the user in the log; the engine is not blamed and bob's slot is free."""
+    request_id = str(uuid.uuid4())
+    body = json.dumps({"model": "fixture", "messages": [{"role": "user", "content": "x" * 400}]}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {urllib.parse.urlsplit(base_url).hostname}\r\n"
+            f"Authorization: Bearer {keys['bob']}\r\nX-Request-Id: {request_id}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    with tls_connection(base_url, ca_file) as tls:
+        tls.sendall(head.encode() + body[:len(body) // 2])
+    entry = access_log_entry(host, request_id, 20)
+    assert (entry["status"], entry.get("refused"), entry.get("user")) == (400, "request_body_incomplete", "bob"), entry
+    reply = client(base_url, ca_file, keys["bob"]).chat.completions.create(model="fixture", messages=[], max_tokens=2)
+    assert reply.choices[0].message.content
+
+
+def test_a_client_gone_before_the_answer_is_logged_as_such(host, base_url, ca_file, keys):
+    """A client that hangs up while the engine is still generating a non-streamed answer (here 5 s): the
+    access log says client_closed_request (499), not engine_unavailable, and bob's slot is freed."""
+    request_id = str(uuid.uuid4())
+    body = json.dumps({"model": "fixture-wait", "messages": [], "max_tokens": 25}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {urllib.parse.urlsplit(base_url).hostname}\r\n"
+            f"Authorization: Bearer {keys['bob']}\r\nX-Request-Id: {request_id}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    with tls_connection(base_url, ca_file) as tls:
+        tls.sendall(head.encode() + body)
+        time.sleep(1)
+    entry = access_log_entry(host, request_id, 20)
+    assert (entry["status"], entry.get("refused"), entry.get("user")) == (499, "client_closed_request", "bob"), entry
+    assert entry["duration"] < 4, entry["duration"]  # seconds: ended when the client left, not with the answer
     reply = client(base_url, ca_file, keys["bob"]).chat.completions.create(model="fixture", messages=[], max_tokens=2)
     assert reply.choices[0].message.content
 
