@@ -58,8 +58,10 @@ def user_caps() -> dict[str, int]:
     return caps
 
 
-def ttft(key: str, tokens: int, timeout: float) -> float | str:
-    """Seconds to the first content token of one streamed chat request, or "<status> <code>"."""
+def ttft(key: str, tokens: int, timeout: float, gaps: list[float] | None = None) -> float | str:
+    """Seconds to the first content token of one streamed chat request, or "<status> <code>". With
+    `gaps`, the seconds between its content chunks are appended to it (the engine's step, as one stream
+    sees it)."""
     body = {"model": "tiny", "stream": True, "max_tokens": tokens, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Count."}]}
     start = time.monotonic()
@@ -70,11 +72,17 @@ def ttft(key: str, tokens: int, timeout: float) -> float | str:
             response.read()
             return f"{response.status_code} {response.json()['error']['code']}"
         first: float | None = None
+        last = 0.0
         for line in response.iter_lines():
-            if first is None and line.startswith("data: {"):
+            if (first is None or gaps is not None) and line.startswith("data: {"):
                 choices = json.loads(line.removeprefix("data: ")).get("choices") or [{}]
                 if (choices[0].get("delta") or {}).get("content"):
-                    first = time.monotonic() - start
+                    now = time.monotonic() - start
+                    if first is None:
+                        first = now
+                    elif gaps is not None:
+                        gaps.append(now - last)
+                    last = now
         return first if first is not None else "no token"
 
 
@@ -106,15 +114,18 @@ def one_round(keys: dict[str, str], args: argparse.Namespace, cap: int) -> dict[
     baseline = [ttft(keys[args.victim], args.short_tokens, args.timeout) for _ in range(args.samples)]
     since = time.time() - 1
     outcomes: list[float | str] = []
+    gaps: list[float] = []
     lock = threading.Lock()
 
     def flood_stream() -> None:
+        mine: list[float] = []
         try:
-            result = ttft(keys[args.flooder], args.long_tokens, args.timeout)
+            result = ttft(keys[args.flooder], args.long_tokens, args.timeout, mine)
         except httpx.HTTPError as err:
             result = f"error {type(err).__name__}"
         with lock:
             outcomes.append("200" if isinstance(result, float) else result)
+            gaps.extend(mine)
 
     flood = [threading.Thread(target=flood_stream, daemon=True) for _ in range(args.flood_factor * cap)]
     for thread in flood:
@@ -127,9 +138,17 @@ def one_round(keys: dict[str, str], args: argparse.Namespace, cap: int) -> dict[
     for outcome in outcomes:
         if outcome != "200":
             flood_refused[str(outcome)] = flood_refused.get(str(outcome), 0) + 1
-    return {"baseline": summary(baseline), "during": summary(during),
+    base, loaded = summary(baseline), summary(during)
+    # The goal: the victim never refused, and their p95 within +10 % of the baseline's or within one
+    # engine step (the median gap between the flood's tokens), whichever is larger.
+    step = statistics.median(gaps) if gaps else 0.0
+    allowed = max(0.10 * base.get("p95", 0.0), step)
+    met = bool(base["n"] and loaded["n"]) and not loaded["refused"] and not base["refused"] and \
+        loaded["p95"] <= base["p95"] + allowed
+    return {"baseline": base, "during": loaded,
             "flood": {"sent": len(flood), "served": outcomes.count("200"), "refused": flood_refused,
-                      "max_in_flight": max_in_flight(args.flooder, since), "cap": cap}}
+                      "max_in_flight": max_in_flight(args.flooder, since), "cap": cap, "engine_step": step},
+            "goal": {"allowed_increase": allowed, "met": met}}
 
 
 def fmt(s: dict[str, Any]) -> str:
@@ -162,7 +181,10 @@ def main() -> None:
         print(f"round {number}: {args.victim} alone: {fmt(result['baseline'])}")
         print(f"round {number}: {args.victim} during {args.flooder}'s flood: {fmt(result['during'])}")
         print(f"round {number}: {args.flooder} sent {flood['sent']} (cap {cap}), served {flood['served']}, "
-              f"refused {flood['refused']}, at most {flood['max_in_flight']} sequences admitted at once")
+              f"refused {flood['refused']}, at most {flood['max_in_flight']} sequences admitted at once; "
+              f"engine step {flood['engine_step']:.3f} s")
+        print(f"round {number}: goal (0 refused, p95 within +{result['goal']['allowed_increase']:.3f} s of "
+              f"the baseline) {'met' if result['goal']['met'] else 'NOT met'}")
     if args.json:
         args.json.write_text(json.dumps(rounds, indent=1))
 

@@ -165,7 +165,7 @@ def test_priority_share_and_lanes_follow_the_plan(tmp_path):
 USERS = [{"name": "alice", "key": "a" * 40, "rate_limit": {"events": 60, "window": "1m"}}]
 PLAN = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048}}
 REFUSALS = {"invalid_api_key", "rate_limit_exceeded", "server_full", "engine_unavailable", "maintenance",
-            "request_too_large", "not_found", "request_body_incomplete", "request_timeout", "client_closed_request",
+            "request_too_large", "not_found", "request_body_incomplete", "request_timeout",
             "engine_timeout"}  # concurrency_limit_exceeded: the inflight_limit module's own
 
 
