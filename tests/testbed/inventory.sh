@@ -11,7 +11,8 @@ gv="$REPO_ROOT/inventories/testbed/group_vars/teamserve"
 pass="$TESTBED_CACHE/vault-pass"
 
 umask 077
-key() { printf 'sk-ts-%s' "$(openssl rand -hex 24)"; }
+# The users' keys come from the one generator of every teamserve key (the one users.yml issues with).
+key() { "$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/filter_plugins/teamserve_users.py"; }
 # The password is shared by every checkout on this machine (it lives in the cache): made once, never
 # replaced, so a second checkout's new vault does not lock the first one out of its own.
 [[ -s $pass ]] || openssl rand -hex 32 >"$pass"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
+import re
 import sys
 import time
 import urllib.parse
@@ -105,6 +106,19 @@ def test_context_creep_alert_reaches_the_webhook(host, keys, webhook):
 
 
 def test_status_view_prints_what_prometheus_holds(host, keys):
+    """A burst of 429s (carol's 5/1m limit) is shown as rate_limit_exceeded refusals, however new the series,
+    and every per-user count is an integer equal to what Prometheus holds at the view's instant."""
+    refusals = 'teamserve_gateway_refusals_total{user="carol",kind="rate_limit_exceeded"}'
+    held_before = sum(float(r["value"][1]) for r in query(host, refusals))
+    with httpx.Client(verify=str(GATEWAY_CA), timeout=30) as http:
+        answers = [http.get(GATEWAY + "/v1/models", headers={"Authorization": f"Bearer {keys['carol']}"}).status_code
+                   for _ in range(8)]
+    limited = answers.count(429)
+    assert limited >= 3, answers
+    deadline = time.monotonic() + 60  # mtail counts the log lines, Prometheus scrapes them every 5 s
+    while sum(float(r["value"][1]) for r in query(host, refusals)) < held_before + limited:
+        assert time.monotonic() < deadline, f"Prometheus holds {query(host, refusals)} after {limited} 429s"
+        time.sleep(2)
     run = ansible_playbook(REPO / "playbooks" / "status.yml", stdout_callback="ansible.builtin.json", timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     document = json_callback_document(run.stdout)
@@ -113,15 +127,33 @@ def test_status_view_prints_what_prometheus_holds(host, keys):
     facts = tasks["Collect the figures"]["ansible_facts"]
     printed = "\n".join(tasks["Print the status"]["msg"])
     at = float(facts["monitoring_status_time_used"])
-    # The same expressions, evaluated by Prometheus at the same instant, give the printed figures.
+    # The same expressions, evaluated by Prometheus at the same instant, give the figures (the per-user
+    # counts are computed from the counters' raw samples read this way).
     for name, expr in (("waiting", 'sum(vllm:num_requests_waiting{job="vllm"})'),
                        ("mean_prompt_tokens", "teamserve:vllm_prompt_tokens:mean"),
-                       ("plan_avg_context_tokens", "teamserve_plan_avg_context_tokens")):
+                       ("plan_avg_context_tokens", "teamserve_plan_avg_context_tokens"),
+                       ("user_refusals_samples", "teamserve_gateway_refusals_total[1h]"),
+                       ("user_refusals_before", "last_over_time(teamserve_gateway_refusals_total[1h] offset 1h)"),
+                       ("user_requests_samples", "teamserve_gateway_requests_total[1h]"),
+                       ("user_requests_before", "last_over_time(teamserve_gateway_requests_total[1h] offset 1h)")):
         assert facts["monitoring_status"][name] == query(host, expr, at), name
-    requests = {r["metric"]["user"]: float(r["value"][1])
-                for r in query(host, "sum by (user) (increase(teamserve_gateway_requests_total[1h]))", at)}
-    assert requests.get("bob", 0) > 0
-    assert f"bob: {round(requests['bob'], 1)} requests" in printed
+    counts = {(r["metric"]["user"], r["metric"]["kind"]): r["value"] for r in facts["monitoring_status"]["user_refusals"]}
+    requests = {r["metric"]["user"]: r["value"] for r in facts["monitoring_status"]["user_requests"]}
+    assert all(type(v) is int for v in [*counts.values(), *requests.values()])
+    assert counts[("carol", "rate_limit_exceeded")] >= limited
+    assert requests["carol"] >= len(answers) and requests.get("bob", 0) > 0
+    # Without a counter reset in the hour, a count is the counter's value now less its value before the hour.
+    for user, kind in (("carol", "rate_limit_exceeded"), ("anonymous", "invalid_api_key")):
+        series = f'teamserve_gateway_refusals_total{{user="{user}",kind="{kind}"}}'
+        if any(float(r["value"][1]) for r in query(host, f"resets({series}[1h])", at)):
+            continue
+        now = sum(float(r["value"][1]) for r in query(host, series, at))
+        before = sum(float(r["value"][1]) for r in query(host, f"last_over_time({series}[1h] offset 1h)", at))
+        assert counts.get((user, kind), 0) == round(now - before), (user, kind)
+    assert f"carol: {requests['carol']} requests" in printed
+    assert f"; {counts[('carol', 'rate_limit_exceeded')]} rate_limit_exceeded" in printed
+    assert f"bob: {requests['bob']} requests" in printed
+    assert not re.search(r"\d\.\d+ (requests|[a-z_]+_exceeded)", printed), printed  # whole numbers only
     assert "Engine up:              yes" in printed
     assert "(plan 1000.0)" in printed
 

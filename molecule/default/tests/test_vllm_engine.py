@@ -338,7 +338,13 @@ def test_an_engine_change_that_does_not_serve_puts_the_last_good_engine_back(hos
 
         listed = ansible_playbook(REPO / "playbooks" / "users.yml", {"caddy_users_action": "list", "caddy_users": users})
         assert listed.returncode == 0, listed.stdout[-3000:]
-        assert re.search(r"erin +key: yes; expires: never; rate: 10/1m", listed.stdout), listed.stdout[-3000:]
+        # Caps as numbers, from the plan the box records: erin has none of her own (the plan's share),
+        # alice has her own 8.
+        share = max(1, int(restored["Config"]["Cmd"][restored["Config"]["Cmd"].index("--max-num-seqs") + 1]) // 4)
+        assert re.search(rf"erin +key: yes; expires: never; rate: 10/1m; in flight: {share} sequences; lane: interactive",
+                         listed.stdout), listed.stdout[-3000:]
+        assert re.search(r"alice +key: yes; .*; in flight: 8 sequences; lane: interactive", listed.stdout)
+        assert "unknown" not in listed.stdout and "per-user share" not in listed.stdout
         assert not [name for name, key in {**keys, "erin": erin}.items() if key in listed.stdout + listed.stderr]
         lint = subprocess.run([str(REPO / ".venv/bin/yamllint"), "--strict", "inventories/testbed"], cwd=REPO,
                               capture_output=True, text=True, timeout=120)

@@ -1,0 +1,150 @@
+"""The status view's per-user counts (roles/monitoring, playbooks/status.yml): exact integers from the counters'
+raw samples, a series that starts in the window counted from 0 (a burst of 429s that creates the refusal
+series is not 0), a counter reset counted, and the printed view reading those counts from a Prometheus
+stand-in answering the role's own queries."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import pathlib
+import subprocess
+import sys
+import threading
+import urllib.parse
+from collections.abc import Iterator
+
+import pytest
+import yaml
+from repo_modules import REPO, load
+
+status = load("monitoring_status", "roles/monitoring/filter_plugins/monitoring_status.py")
+QUERIES = yaml.safe_load((REPO / "roles/monitoring/vars/main.yml").read_text())["__monitoring_status_queries"]
+AT = 1764686400.0
+
+
+def matrix(metric: dict, *values: float) -> dict:
+    """A range-vector series as Prometheus's API returns it (one sample every 15 s up to AT)."""
+    return {"metric": metric, "values": [[AT - 15 * (len(values) - 1 - i), f"{v:g}"] for i, v in enumerate(values)]}
+
+
+def vector(metric: dict, value: float) -> dict:
+    return {"metric": metric, "value": [AT, f"{value:g}"]}
+
+
+def test_a_series_created_by_its_first_events_counts_them():
+    # mtail creates carol's refusal series at her first 429s: its first sample is already 3 and stays.
+    rows = status.monitoring_counter_counts(
+        [matrix({"__name__": "teamserve_gateway_refusals_total", "user": "carol", "kind": "rate_limit_exceeded"},
+                3, 3, 3)], [], ["user", "kind"])
+    assert rows == [{"metric": {"user": "carol", "kind": "rate_limit_exceeded"}, "value": 3}]
+
+
+def test_counts_are_the_rise_over_the_sample_before_the_window():
+    samples = [matrix({"__name__": "teamserve_gateway_requests_total", "user": "bob", "code": "200"}, 10, 12, 15)]
+    before = [vector({"user": "bob", "code": "200"}, 10)]  # last_over_time drops the name
+    assert status.monitoring_counter_counts(samples, before) == [{"metric": {"user": "bob"}, "value": 5}]
+    assert status.monitoring_counter_counts(samples, before)[0]["value"].__class__ is int
+
+
+def test_a_reset_counts_the_new_value_and_series_sum_by_the_labels():
+    samples = [matrix({"user": "bob", "code": "200"}, 101, 2, 4),  # mtail restarted between 101 and 2
+               matrix({"user": "bob", "code": "429"}, 1, 1),
+               matrix({"user": "alice", "code": "200"}, 7, 7)]
+    before = [vector({"user": "bob", "code": "200"}, 100), vector({"user": "alice", "code": "200"}, 7)]
+    assert status.monitoring_counter_counts(samples, before) == [
+        {"metric": {"user": "alice"}, "value": 0}, {"metric": {"user": "bob"}, "value": 1 + 2 + 2 + 1}]
+
+
+def test_float_noise_and_bad_samples_do_not_make_fractions():
+    samples = [{"metric": {"user": "dana"}, "values": [[AT - 30, "0.1"], [AT - 15, "NaN"], [AT, "3.0000000001"]]}]
+    assert status.monitoring_counter_counts(samples, None) == [{"metric": {"user": "dana"}, "value": 3}]
+    assert status.monitoring_counter_counts(None, None) == []
+
+
+# What the stand-in Prometheus holds: per query expression, the result at AT.
+HELD = {
+    QUERIES["user_requests_samples"]: [
+        matrix({"__name__": "teamserve_gateway_requests_total", "user": "carol", "code": "200"}, 10, 12, 15),
+        matrix({"__name__": "teamserve_gateway_requests_total", "user": "carol", "code": "429"}, 3, 3),
+        matrix({"__name__": "teamserve_gateway_requests_total", "user": "bob", "code": "200"}, 101, 2, 4)],
+    QUERIES["user_requests_before"]: [vector({"user": "carol", "code": "200"}, 10),
+                                      vector({"user": "bob", "code": "200"}, 100)],
+    QUERIES["user_refusals_samples"]: [
+        matrix({"__name__": "teamserve_gateway_refusals_total", "user": "carol", "kind": "rate_limit_exceeded"}, 3, 3),
+        matrix({"__name__": "teamserve_gateway_refusals_total", "user": "bob", "kind": "server_full"}, 2, 2)],
+    QUERIES["user_refusals_before"]: [vector({"user": "bob", "kind": "server_full"}, 2)],
+    QUERIES["engine_up"]: [vector({"job": "vllm"}, 1)],
+}
+
+
+@pytest.fixture
+def prometheus() -> Iterator[tuple[int, list[str]]]:
+    """A stand-in for Prometheus's instant-query API on 127.0.0.1: HELD's results, an empty vector for any
+    other expression. Yields (port, the times the queries asked for)."""
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the handler's API)
+            params = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            asked.append(params["time"][0])
+            result = HELD.get(params["query"][0], [])
+            body = json.dumps({"status": "success", "data": {
+                "resultType": "matrix" if result and "values" in result[0] else "vector", "result": result}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], asked
+    server.shutdown()
+
+
+STATUS_PLAY = """
+- name: Print the status against the stand-in
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Run the status entry point
+      ansible.builtin.include_role:
+        name: monitoring
+        tasks_from: status
+"""
+
+
+def run_status(tmp_path: pathlib.Path, port: int) -> tuple[dict, list[str]]:
+    """status.yml's entry point against the stand-in at AT, through ansible-playbook with the json callback.
+    Returns (the published facts, the printed lines)."""
+    (tmp_path / "inventory.yml").write_text(json.dumps({"all": {"hosts": {"box": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        "monitoring_prometheus_port": port, "monitoring_status_time": f"{AT}"}}}}))
+    (tmp_path / "play.yml").write_text(STATUS_PLAY)
+    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.json",
+           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i",
+                          str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml")],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    tasks = {t["task"]["name"].split(" : ")[-1]: t["hosts"]["box"] for t in json.loads(run.stdout)["plays"][0]["tasks"]}
+    return tasks["Collect the figures"]["ansible_facts"], tasks["Print the status"]["msg"]
+
+
+def test_the_status_view_prints_exact_counts_at_one_instant(tmp_path, prometheus):
+    port, asked = prometheus
+    facts, printed = run_status(tmp_path, port)
+    assert facts["monitoring_status"]["user_requests"] == [
+        {"metric": {"user": "bob"}, "value": 5}, {"metric": {"user": "carol"}, "value": 8}]
+    assert facts["monitoring_status"]["user_refusals"] == [
+        {"metric": {"user": "bob", "kind": "server_full"}, "value": 0},
+        {"metric": {"user": "carol", "kind": "rate_limit_exceeded"}, "value": 3}]
+    assert "  bob: 5 requests" in printed  # no refusal in the hour: none printed
+    assert "  carol: 8 requests; 3 rate_limit_exceeded" in printed
+    assert "Engine up:              yes" in printed
+    assert set(asked) == {f"{AT}"}  # every figure read at the one instant
