@@ -11,9 +11,12 @@ wire format of the OpenAI API (the format vLLM's OpenAI-compatible server also s
   unbuffered streaming measures these gaps on the client side), ending with ``data: [DONE]``.
   ``max_tokens`` sets the number of tokens (default 8, at most 10000). ``"model": "fixture-busy"`` gets
   the 503 vLLM answers when its queue is full (``--max-num-queued-reqs``), body copied from the real
-  vLLM 0.32.0 CPU build's answer on the testbed (no Retry-After). ``"model": "fixture-wait"`` answers a
-  non-streamed request only after ``max_tokens`` x ``FIXTURE_TOKEN_DELAY_S`` seconds, as an engine does
-  that generates before it sends anything (a client can go away before the answer).
+  vLLM 0.32.0 CPU build's answer on the testbed (no Retry-After); so does a request with the header
+  ``X-Fixture-Busy`` (any value), whatever its model: gateways pass the header on, so a test can mark
+  requests this engine refuses while a real engine, which ignores it, answers them (a front's retry).
+  ``"model": "fixture-wait"`` answers a non-streamed request only after ``max_tokens`` x
+  ``FIXTURE_TOKEN_DELAY_S`` seconds, as an engine does that generates before it sends anything (a client
+  can go away before the answer).
 * ``GET /fixture/stats`` -> JSON counters: requests served, streams completed, streams aborted by the
   client (a write to a closed socket), and the Authorization header values seen, hashed with SHA-256
   (so tests can prove which key reached the engine without the key ever being logged).
@@ -41,6 +44,8 @@ HOST, _, PORT = os.environ.get("FIXTURE_LISTEN", "127.0.0.1:8000").rpartition(":
 MODEL = os.environ.get("FIXTURE_MODEL", "fixture")  # the model it serves and names in every answer
 # Asking for this model gets the engine's "queue full" 503 (body as the real vLLM 0.32.0 CPU build sends it).
 BUSY_MODEL = "fixture-busy"
+# A request with this header (any value) gets the same 503, whatever its model.
+BUSY_HEADER = "X-Fixture-Busy"
 # Asking for this model delays a non-streamed answer by the time its tokens take.
 WAIT_MODEL = "fixture-wait"
 
@@ -117,7 +122,8 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         _bump("requests")
-        if request.get("model") == BUSY_MODEL:  # vLLM 0.32's answer when --max-num-queued-reqs is reached
+        # vLLM 0.32's answer when --max-num-queued-reqs is reached
+        if request.get("model") == BUSY_MODEL or self.headers.get(BUSY_HEADER) is not None:
             body = {"error": {"message": "The engine is currently busy and cannot accept new requests. Please try "
                               "again later or on a different instance.", "type": "Service Unavailable",
                               "param": None, "code": 503}}

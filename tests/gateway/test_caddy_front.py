@@ -58,7 +58,8 @@ def test_front_caddyfile_for_one_two_three_boxes(tmp_path, count):
     assert pool.startswith("\n\t\treverse_proxy @proxied " + " ".join(b["url"] for b in boxes) + " {")
     assert re.findall(r"cap (\S+) (\d+)", pool) == [(f"10.0.0.{n + 1}:8443", str(c)) for n, c in enumerate(caps)]
     assert "lb_policy capacity {" in pool and "hash {teamserve_user}" not in pool
-    assert "health_uri /health" in pool and "unhealthy_status 502 503" in pool
+    assert "health_uri /health" in pool
+    assert_box_refusals_retried(pool, count, caddyfile)
     assert f'header_up Authorization "Bearer {FLEET_KEY}"' in pool
     assert "unhealthy_request_count" not in pool  # the per-box caps replace the one-engine cap
     assert "request_model" not in caddyfile  # one pool: the body is not read
@@ -67,13 +68,54 @@ def test_front_caddyfile_for_one_two_three_boxes(tmp_path, count):
                                              for n in range(count)) in pool
     # Users' default cap: a quarter of the fleet's batch.
     assert re.search(rf" alice 0 {max(1, sum(caps) // 4)} rate_60_per_1m interactive\n", caddyfile)
-    # A box's 503 and 429 are the fleet being full: the front's own server_full (Retry-After).
-    assert "@box_full status 503" in pool and "@box_busy status 429" in pool
     # The public /health is the fleet's: any healthy box answers it, without any key and without the caps
     # (a busy fleet is not a down one), and it is not logged.
     health = caddyfile.split("handle @health {")[1].split("\n\t\t}\n")[0]
-    assert "lb_policy first" in health and "cap " not in health and "header_up -Authorization" in health
+    assert "lb_policy round_robin" in health and "cap " not in health and "header_up -Authorization" in health
     assert "log_skip" in health and "health_uri /health" in health
+    # A draining box's 503 or a down engine's 502 at /health: the next box answers (never ejected on 503).
+    assert "unhealthy_status 502\n" in health and "request_buffers" not in health
+    if count > 1:
+        assert f"lb_retries {count - 1}\n" in health
+        assert "expression `{rp.status_code} in [502, 503] && {rp.is_transport_error} != true`" in health
+    else:
+        assert "lb_retries" not in health
+
+
+def assert_box_refusals_retried(pool: str, count: int, caddyfile: str) -> None:
+    """Passive health ejects a box only for its 502 (and failed connections); its 503 and 429 send the request
+    to another box of the pool, at most once each, with the body replayed from Caddy's own buffer, one byte
+    over the body limit; a pool of one box is not retried and maps them to server_full as before."""
+    assert "max_fails 1\n" in pool and "\t\t\tunhealthy_status 502\n" in pool
+    assert "unhealthy_status 502 503" not in caddyfile
+    body_limit = re.search(r"request_body \{\n\t\tmax_size (\d+)\n", caddyfile)
+    assert body_limit
+    limit = int(body_limit.group(1))
+    if count > 1:
+        assert f"\t\t\tlb_retries {count - 1}\n" in pool
+        assert ("\t\t\tlb_retry_match {\n\t\t\t\texpression `{rp.status_code} in [429, 503] && "
+                "{rp.is_transport_error} != true`\n\t\t\t}\n") in pool
+        assert f"\t\t\trequest_buffers {limit + 1}\n" in pool
+    else:
+        assert "lb_retries" not in pool and "lb_retry_match" not in pool and "request_buffers" not in pool
+    assert "@box_full status 503" in pool and "@box_busy status 429" in pool
+    # A box's 429 that no box could take is the front's server_full, not the user's rate limit.
+    errors_429 = caddyfile.split("handle_errors 429 {")[1].split("\n\t}\n")[0]
+    assert "@box_busy vars {rp.status_code} 429" in errors_429
+    busy = errors_429.split("handle @box_busy {")[1].split("\n\t\t}\n")[0]
+    assert "Retry-After 5" in busy and "import openai_error 503 " in busy and busy.endswith("server_error server_full")
+
+
+def test_a_front_with_a_fallback_keeps_box_refusals_off_it(tmp_path):
+    """A box's 503 that no box took has had its body read: like the engine's own queue-full 503, it stays the
+    front's server_full and never goes to the fallback."""
+    boxes = [box(1, 8, ["m"]), box(2, 8, ["m"])]
+    caddyfile = render(tmp_path, {"front": front_host(boxes, caddy_overload_policy="fallback",
+                                                      caddy_fallback_url="https://api.example.com/v1",
+                                                      caddy_fallback_api_key="k" * 20)})["front"]
+    to_fallback = caddyfile.split("@to_fallback {")[1].split("\n\t\t}\n")[0]
+    assert 'not expression `{err.message} == "engine queue full"`' in to_fallback
+    assert "not expression `{rp.status_code} == 503`" in to_fallback
 
 
 def test_user_hash_is_opt_in(tmp_path):
@@ -95,6 +137,9 @@ def test_models_per_box_route_by_model(tmp_path):
     assert re.findall(r"cap (\S+) ", pools["@model_0"]) == ["10.0.0.1:8443", "10.0.0.2:8443"]
     assert re.findall(r"cap (\S+) ", pools["@model_1"]) == ["10.0.0.2:8443", "10.0.0.3:8443"]
     assert re.findall(r"cap (\S+) ", pools["@proxied"]) == ["10.0.0.1:8443", "10.0.0.2:8443", "10.0.0.3:8443"]
+    # Each per-model pool retries within its own boxes.
+    for name in ("@model_0", "@model_1", "@proxied"):
+        assert_box_refusals_retried(pools[name], len(re.findall(r"cap (\S+) ", pools[name])), caddyfile)
     # Routed before the catch-all pool.
     assert caddyfile.index("reverse_proxy @model_1") < caddyfile.index("reverse_proxy @proxied")
     listing = json.loads(re.search(r"respond `([^`]+)` 200", caddyfile).group(1))

@@ -41,11 +41,19 @@ def box_a_batch() -> int:
     return int(cmd[cmd.index("--max-num-seqs") + 1])
 
 
-def ask(key: str, model: str = "tiny", max_tokens: int = 4) -> tuple[int, str]:
-    """One chat request through the front: (status, the answer's model or the error code)."""
+def refused(box) -> int:
+    """Requests of the front this box answered 503 so far (its access log, as served())."""
+    out = box.check_output("cat /var/log/caddy/access.log")
+    return sum(1 for line in out.splitlines() if '"user":"teamserve-front"' in line
+               and "/v1/chat/completions" in line and '"status":503' in line)
+
+
+def ask(key: str, model: str = "tiny", max_tokens: int = 4, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """One chat request through the front, with `headers` added: (status, the answer's model or the error code)."""
     body = {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "Hi"}]}
     with httpx.Client(verify=FRONT_CA, timeout=60) as client:
-        response = client.post(f"{FRONT}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        response = client.post(f"{FRONT}/v1/chat/completions", json=body,
+                               headers={"Authorization": f"Bearer {key}", **(headers or {})})
     data = response.json()
     return response.status_code, data.get("model") or (data.get("error") or {}).get("code", "?")
 
@@ -89,13 +97,14 @@ def test_a_model_only_one_box_serves_goes_to_that_box(keys):
     assert (served(BOX_A) - before[0], served(BOX_B) - before[1]) == (0, 4)
 
 
-def burst(key: str, count: int) -> list[tuple[int, str]]:
-    """`count` one-token requests for `tiny` sent at the same time; their (status, model or error code)."""
+def burst(key: str, count: int, headers: dict[str, str] | None = None) -> list[tuple[int, str]]:
+    """`count` one-token requests for `tiny` sent at the same time, with `headers` added; their (status, model
+    or error code)."""
     results: list[tuple[int, str]] = []
     lock = threading.Lock()
 
     def one() -> None:
-        outcome = ask(key, max_tokens=1)
+        outcome = ask(key, max_tokens=1, headers=headers)
         with lock:
             results.append(outcome)
 
@@ -178,3 +187,29 @@ def test_a_box_going_down_moves_its_traffic_to_the_other(keys):
         time.sleep(1)
     else:
         pytest.fail("teamserve-box-b did not come back into the front's pool within 30 s")
+
+
+def test_a_full_box_moves_traffic_without_being_ejected(keys):
+    """Bursts of requests for `tiny` marked X-Fixture-Busy: teamserve-box-b's engine (the test double) answers
+    those it gets with vLLM's queue-full 503, and the front sends each of them on to teamserve-box, so every
+    client gets 200 from `tiny`. A box's 503 is about one request, not its health: teamserve-box-b stays in
+    the pool, so a plain burst sent within caddy_upstream_fail_duration (10 s) of its refusals reaches it."""
+    size = min(4, box_a_batch())  # teamserve-box takes every request of a burst: at most its batch
+    assert size >= 2, "teamserve-box's batch is too small to share a burst"
+    before = refused(BOX_B)
+    rounds: list[list[tuple[int, str]]] = []
+    for _ in range(5):  # at most 5 bursts: until teamserve-box-b has refused 2 requests
+        rounds.append(burst(keys["alice"], size, headers={"X-Fixture-Busy": "1"}))
+        last_refusals = time.monotonic()
+        if refused(BOX_B) - before >= 2:
+            break
+    refusals = refused(BOX_B) - before
+    print(f"bursts of {size} marked busy: {len(rounds)}, refused by teamserve-box-b and moved: {refusals}")
+    assert all(r == [(200, "tiny")] * size for r in rounds), rounds
+    assert refusals >= 1, "no marked request reached teamserve-box-b: nothing was moved"
+    served_before = served(BOX_B)
+    assert time.monotonic() - last_refusals < 5  # well within the 10 s an ejection would last
+    plain = burst(keys["alice"], 6)
+    print(f"then a plain burst of 6: {plain}, teamserve-box-b served {served(BOX_B) - served_before}")
+    assert [status for status, _ in plain] == [200] * 6, plain
+    assert "fixture-b" in {model for _, model in plain} and served(BOX_B) > served_before, plain

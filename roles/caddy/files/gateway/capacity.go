@@ -33,6 +33,12 @@
 //     seeded per process, so several front gateways and every reload agree on each key's box.
 //   - No candidate: nil, which reverse_proxy answers with 503 "no upstreams available".
 //
+// Retries: each upstream picked for a request is recorded in the request's variable capacity_tried
+// (dial addresses, in order) and is no candidate when Select runs again for that request. So a
+// response-based retry (lb_retries, lb_retry_match on the status) goes to another box than the one
+// that just refused it; with none left the policy returns nil and reverse_proxy ends with the last
+// refusal's status. A request without Caddy's variable table (outside a Caddy server) is not tracked.
+//
 // An upstream without a cap line is never excluded by this policy (only by Available) and counts as if
 // its cap were the largest configured one; the first request that meets it logs a warning, since that
 // is usually a mistyped dial address.
@@ -48,12 +54,14 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 )
@@ -163,13 +171,32 @@ func checkDial(dial string) error {
 	return nil
 }
 
-// Select returns the chosen upstream, or nil when every upstream is unavailable or at its cap.
+// Select returns the chosen upstream, or nil when every upstream is unavailable, at its cap, or
+// already tried for r (triedVar). The one it returns is added to r's tried list.
 func (s *CapacitySelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
-	i := pick(s, []*reverseproxy.Upstream(pool), s.key(r))
+	tried := triedUpstreams(r)
+	i := pick(s, []*reverseproxy.Upstream(pool), s.key(r), tried)
 	if i < 0 {
 		return nil
 	}
+	if r != nil {
+		caddyhttp.SetVar(r.Context(), triedVar, append(slices.Clip(tried), pool[i].String()))
+	}
 	return pool[i]
+}
+
+// triedVar names the request variable that holds the dial addresses Select already chose for this
+// request ([]string): lb_retries calls Select again after a box refused, and that box must not be
+// chosen again for the same request.
+const triedVar = "capacity_tried"
+
+// triedUpstreams returns r's tried list (nil for none, or without Caddy's variable table).
+func triedUpstreams(r *http.Request) []string {
+	if r == nil {
+		return nil
+	}
+	tried, _ := caddyhttp.GetVar(r.Context(), triedVar).([]string)
+	return tried
 }
 
 // key expands the hash placeholders for r; "" without hash.
@@ -193,9 +220,10 @@ type upstreamView interface {
 	String() string
 }
 
-// pick returns the index in pool of the upstream to use, or -1. Each upstream's count is read once, so
-// one decision uses one value even while other requests change it.
-func pick[U upstreamView](s *CapacitySelection, pool []U, key string) int {
+// pick returns the index in pool of the upstream to use, or -1. Upstreams whose dial address is in
+// skip (those already tried for this request) are not candidates. Each upstream's count is read
+// once, so one decision uses one value even while other requests change it.
+func pick[U upstreamView](s *CapacitySelection, pool []U, key string, skip []string) int {
 	best := -1
 	var bestLoad, bestCap int64 // least-load mode: the best candidate's fraction bestLoad/bestCap
 	var bestScore float64       // hash mode
@@ -208,6 +236,9 @@ func pick[U upstreamView](s *CapacitySelection, pool []U, key string) int {
 			continue
 		}
 		dial := u.String()
+		if slices.Contains(skip, dial) {
+			continue
+		}
 		inFlight := int64(u.NumRequests())
 		limit, capped := s.caps[dial]
 		if !capped {

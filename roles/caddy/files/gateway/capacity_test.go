@@ -65,7 +65,7 @@ func fakes(dials ...string) []*fakeUpstream {
 func fill(s *CapacitySelection, pool []*fakeUpstream, key string) []string {
 	var order []string
 	for len(order) < 1000 {
-		i := pick(s, pool, key)
+		i := pick(s, pool, key, nil)
 		if i < 0 {
 			break
 		}
@@ -113,7 +113,7 @@ func TestCapacityWeightedSpreadUnderChurn(t *testing.T) {
 	random := func(n int) int { seed = seed*6364136223846793005 + 1442695040888963407; return int(seed>>33) % n }
 	const steps = 20000
 	for step := 0; step < steps; step++ {
-		if i := pick(s, pool, ""); i >= 0 {
+		if i := pick(s, pool, "", nil); i >= 0 {
 			pool[i].inFlight++
 		}
 		// One request finishes somewhere, weighted by what is in flight.
@@ -160,7 +160,7 @@ func TestCapacityLeastLoadFraction(t *testing.T) {
 		{3, 10, "a:1"}, // a box that finished requests takes the next one
 	} {
 		pool[0].inFlight, pool[1].inFlight = c.a, c.b
-		if i := pick(s, pool, ""); i < 0 || pool[i].dial != c.want {
+		if i := pick(s, pool, "", nil); i < 0 || pool[i].dial != c.want {
 			t.Errorf("a=%d/8 b=%d/16: chose %d, want %s", c.a, c.b, i, c.want)
 		}
 	}
@@ -172,24 +172,24 @@ func TestCapacityFullAndUnavailableAreExcluded(t *testing.T) {
 
 	// a is at its cap: b takes the request even at 15/16.
 	pool[0].inFlight, pool[1].inFlight = 8, 15
-	if i := pick(s, pool, ""); i != 1 {
+	if i := pick(s, pool, "", nil); i != 1 {
 		t.Fatalf("a full: chose %d, want b", i)
 	}
 	// Both at their caps: nothing.
 	pool[1].inFlight = 16
-	if i := pick(s, pool, ""); i != -1 {
+	if i := pick(s, pool, "", nil); i != -1 {
 		t.Fatalf("all full: chose %d, want none", i)
 	}
 	// a idle but unavailable (unhealthy, or at Caddy's own max_requests): b, while it has room.
 	pool[0].inFlight, pool[0].down, pool[1].inFlight = 0, true, 12
-	if i := pick(s, pool, ""); i != 1 {
+	if i := pick(s, pool, "", nil); i != 1 {
 		t.Fatalf("a down: chose %d, want b", i)
 	}
 	pool[1].down = true
-	if i := pick(s, pool, ""); i != -1 {
+	if i := pick(s, pool, "", nil); i != -1 {
 		t.Fatalf("all down: chose %d, want none", i)
 	}
-	if i := pick(s, []*fakeUpstream{}, ""); i != -1 {
+	if i := pick(s, []*fakeUpstream{}, "", nil); i != -1 {
 		t.Fatalf("empty pool: chose %d", i)
 	}
 }
@@ -202,15 +202,15 @@ func TestCapacityUncappedUpstream(t *testing.T) {
 	s.logger = zap.New(core)
 	pool := fakes("a:1", "b:1", "c:1")
 	pool[0].inFlight, pool[1].inFlight, pool[2].inFlight = 1, 2, 3 // 1/4 < 3/8 = c's 3 of the largest cap, 8
-	if i := pick(s, pool, ""); i != 0 {
+	if i := pick(s, pool, "", nil); i != 0 {
 		t.Fatalf("chose %d, want a", i)
 	}
 	pool[0].inFlight = 2 // 2/4 > 3/8 = 3/8 (b and c tie: pool order)
-	if i := pick(s, pool, ""); i != 1 {
+	if i := pick(s, pool, "", nil); i != 1 {
 		t.Fatalf("chose %d, want b", i)
 	}
 	pool[0].inFlight, pool[1].inFlight, pool[2].inFlight = 4, 8, 50
-	if i := pick(s, pool, ""); i != 2 {
+	if i := pick(s, pool, "", nil); i != 2 {
 		t.Fatalf("a and b full: chose %d, want the uncapped c", i)
 	}
 	if n := logs.FilterField(zap.String("dial", "c:1")).Len(); n != 1 || logs.Len() != 1 {
@@ -222,7 +222,7 @@ func TestCapacityUncappedUpstream(t *testing.T) {
 func homes(s *CapacitySelection, pool []*fakeUpstream, keys []string) map[string]string {
 	out := make(map[string]string, len(keys))
 	for _, k := range keys {
-		if i := pick(s, pool, k); i >= 0 {
+		if i := pick(s, pool, k, nil); i >= 0 {
 			out[k] = pool[i].dial
 		} else {
 			out[k] = ""
@@ -244,10 +244,10 @@ func TestCapacityHashIsSticky(t *testing.T) {
 	s := newCapacity(t, "{user}", "a:1", 8, "b:1", 8, "c:1", 8)
 	pool := fakes("a:1", "b:1", "c:1")
 	for _, key := range userKeys(50) {
-		home := pick(s, pool, key)
+		home := pick(s, pool, key, nil)
 		for load := 0; load < 8; load++ {
 			pool[home].inFlight = load // the sticky box busier than the idle others
-			if i := pick(s, pool, key); i != home {
+			if i := pick(s, pool, key, nil); i != home {
 				t.Fatalf("%s at load %d: moved from %d to %d", key, load, home, i)
 			}
 		}
@@ -341,7 +341,7 @@ func TestCapacityHashWhenEveryBoxIsFull(t *testing.T) {
 	if order := fill(s, pool, "alice"); len(order) != 2 || order[0] == order[1] {
 		t.Fatalf("alice filled %v, want her box then the other", order)
 	}
-	if i := pick(s, pool, "bob"); i != -1 {
+	if i := pick(s, pool, "bob", nil); i != -1 {
 		t.Fatalf("all full: bob got %d", i)
 	}
 }
@@ -397,7 +397,7 @@ func TestCapacitySelectOnRealUpstreams(t *testing.T) {
 	spread := map[string]bool{}
 	for _, user := range userKeys(40) {
 		got := hashed.Select(pool, withKey(user), nil)
-		want := pick(hashed, fakes(dials...), user)
+		want := pick(hashed, fakes(dials...), user, nil)
 		if got == nil || got != pool[want] {
 			t.Fatalf("%s: got %v, want %s", user, got, dials[want])
 		}

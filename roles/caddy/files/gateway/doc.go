@@ -18,7 +18,8 @@
 //     share, never the client's;
 //   - lb_policy capacity (capacity.go, http.reverse_proxy.selection_policies.capacity): reverse_proxy
 //     upstream selection by each upstream's share of its own in-flight cap, never past the cap,
-//     optionally sticky per key (weighted rendezvous hashing).
+//     optionally sticky per key (weighted rendezvous hashing), never the same upstream twice for one
+//     request (lb_retries after a box refused it).
 //
 // request_model, request_cost and request_priority read a request's body once between them (body.go)
 // and read its JSON as the engine does (jsondoc.go).
