@@ -60,8 +60,8 @@ def user_caps() -> dict[str, int]:
 
 def ttft(key: str, tokens: int, timeout: float, gaps: list[float] | None = None) -> float | str:
     """Seconds to the first content token of one streamed chat request, or "<status> <code>". With
-    `gaps`, the seconds between its content chunks are appended to it (the engine's step, as one stream
-    sees it)."""
+    `gaps`, the stream's mean seconds per output token after the first (its TPOT: one engine step, as
+    one stream sees it; chunks arrive in bursts, so single gaps say nothing) is appended to it."""
     body = {"model": "tiny", "stream": True, "max_tokens": tokens, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Count."}]}
     start = time.monotonic()
@@ -72,17 +72,16 @@ def ttft(key: str, tokens: int, timeout: float, gaps: list[float] | None = None)
             response.read()
             return f"{response.status_code} {response.json()['error']['code']}"
         first: float | None = None
-        last = 0.0
+        last, chunks = 0.0, 0
         for line in response.iter_lines():
             if (first is None or gaps is not None) and line.startswith("data: {"):
                 choices = json.loads(line.removeprefix("data: ")).get("choices") or [{}]
                 if (choices[0].get("delta") or {}).get("content"):
-                    now = time.monotonic() - start
+                    last, chunks = time.monotonic() - start, chunks + 1
                     if first is None:
-                        first = now
-                    elif gaps is not None:
-                        gaps.append(now - last)
-                    last = now
+                        first = last
+        if gaps is not None and first is not None and chunks > 1:
+            gaps.append((last - first) / (chunks - 1))
         return first if first is not None else "no token"
 
 
@@ -140,7 +139,7 @@ def one_round(keys: dict[str, str], args: argparse.Namespace, cap: int) -> dict[
             flood_refused[str(outcome)] = flood_refused.get(str(outcome), 0) + 1
     base, loaded = summary(baseline), summary(during)
     # The goal: the victim never refused, and their p95 within +10 % of the baseline's or within one
-    # engine step (the median gap between the flood's tokens), whichever is larger.
+    # engine step (the flood streams' median TPOT), whichever is larger.
     step = statistics.median(gaps) if gaps else 0.0
     allowed = max(0.10 * base.get("p95", 0.0), step)
     met = bool(base["n"] and loaded["n"]) and not loaded["refused"] and not base["refused"] and \

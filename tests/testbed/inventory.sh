@@ -12,7 +12,7 @@ pass="$TESTBED_CACHE/vault-pass"
 
 umask 077
 # The users' keys come from the one generator of every teamserve key (the one users.yml issues with).
-key() { "$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/filter_plugins/teamserve_users.py"; }
+key() { "$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/playbooks/filter_plugins/teamserve_users.py"; }
 # The password is shared by every checkout on this machine (it lives in the cache): made once, never
 # replaced, so a second checkout's new vault does not lock the first one out of its own.
 [[ -s $pass ]] || openssl rand -hex 32 >"$pass"

@@ -1,4 +1,4 @@
-"""playbooks/users.yml's filters (filter_plugins/teamserve_users.py): the one key generator (sk-ts- and 48
+"""playbooks/users.yml's filters (playbooks/filter_plugins/teamserve_users.py): the one key generator (sk-ts- and 48
 characters of [A-Za-z0-9], for users.yml and the testbed alike), and the list, which prints each user's
 in-flight cap as a number from the plan the box records (the lane's share for a batch key), never a key; and
 users.yml's list itself against a box whose plan record is a local file."""
@@ -15,7 +15,7 @@ import pytest
 import yaml
 from repo_modules import REPO, load
 
-users = load("teamserve_users", "filter_plugins/teamserve_users.py")
+users = load("teamserve_users", "playbooks/filter_plugins/teamserve_users.py")
 caddy_users = load("caddy_users", "roles/caddy/filter_plugins/caddy_users.py")
 KEY_FORMAT = re.compile(r"sk-ts-[A-Za-z0-9]{48}")  # what molecule's key tests assert too
 AT = 1764686400  # 2025-12-02T14:40:00Z
@@ -39,11 +39,11 @@ def test_a_new_key_passes_the_gateways_own_checks():
 
 
 def test_the_testbed_script_draws_with_the_same_generator():
-    run = subprocess.run([sys.executable, str(REPO / "filter_plugins" / "teamserve_users.py")],
+    run = subprocess.run([sys.executable, str(REPO / "playbooks" / "filter_plugins" / "teamserve_users.py")],
                          capture_output=True, text=True, check=True, timeout=30)
     assert KEY_FORMAT.fullmatch(run.stdout.strip())
     script = (REPO / "tests" / "testbed" / "inventory.sh").read_text()
-    assert "filter_plugins/teamserve_users.py" in script and "openssl rand -hex 24" not in script
+    assert "playbooks/filter_plugins/teamserve_users.py" in script and "openssl rand -hex 24" not in script
 
 
 TEAM = [

@@ -2,7 +2,7 @@
 
 ``teamserve_new_key``: the one generator of every key teamserve issues: ``sk-ts-`` and 48 characters drawn
 with Python's ``secrets`` from [A-Za-z0-9] (48 x log2(62) = 285 bits). users.yml issues and rotates keys with
-it; the testbed's inventory script runs this file (``python filter_plugins/teamserve_users.py`` prints one
+it; the testbed's inventory script runs this file (``python playbooks/filter_plugins/teamserve_users.py`` prints one
 key). Keys of another form issued before stay valid: the gateway checks keys by hash, never by form.
 
 ``teamserve_users_listing``: users.yml's list, one line per user: key state (never a key), expiry, rate limit,
@@ -35,7 +35,7 @@ def _caddy_users() -> ModuleType:
     """roles/caddy/filter_plugins/caddy_users.py, the gateway's own rules for lanes and expiry dates."""
     name = "teamserve_caddy_users"
     if name not in sys.modules:
-        path = pathlib.Path(__file__).resolve().parents[1] / "roles" / "caddy" / "filter_plugins" / "caddy_users.py"
+        path = pathlib.Path(__file__).resolve().parents[2] / "roles" / "caddy" / "filter_plugins" / "caddy_users.py"
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
