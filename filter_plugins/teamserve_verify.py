@@ -903,16 +903,16 @@ def sweep_inputs(plan: Any, workload: Any, model: Any, settings: Any) -> dict[st
     ``tokenizer`` and ``args`` (the ``vllm bench serve`` dataset arguments; ``plain_args`` too when a shared
     prefix is asked for: the same prompt length without it, for the prefix cache's A/B).
 
-    ``bound`` 0 is 4 x the plan's ``--max-num-seqs``: the engine queues up to ``--max-num-queued-reqs`` (4 x
-    max-num-seqs in the plan) beyond the batch, so 4 x stays below the point where it answers 503. Targets 0
-    are ``vllm_workload``'s. Raises AnsibleFilterError naming the setting when a value cannot work.
+    ``bound`` 0 is the plan's ``--max-num-queued-reqs`` (the plan's ``--max-num-seqs`` when it sets no queue):
+    that many requests fit in the engine's waiting queue even with nothing running, so no step reaches the
+    point where the engine answers 503. Targets 0 are ``vllm_workload``'s. Raises AnsibleFilterError naming the setting when a value cannot work.
     """
     sweep = _sweep()
     s = dict(settings or {})
     points = sweep.plan_points(plan)
     output_tokens = int(s.get("output_tokens") or 0)
     base = bench_inputs(plan, workload, model, int(s.get("input_tokens") or 0), output_tokens)
-    bound = int(s.get("bound") or 0) or 4 * points["max_num_seqs"]
+    bound = int(s.get("bound") or 0) or points["max_num_queued_reqs"] or points["max_num_seqs"]
     given = [int(c) for c in s.get("concurrencies") or []]
     if any(c < 1 for c in given):
         raise AnsibleFilterError(f"teamserve_verify_sweep_concurrencies={given}: every step must be >= 1 request")

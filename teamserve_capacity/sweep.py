@@ -147,12 +147,14 @@ def stop_after(step: Mapping[str, Any], targets: Mapping[str, float], expected: 
 def plan_points(plan: Mapping[str, Any]) -> dict[str, int]:
     """What a sweep compares with, taken from the capacity planner's result (:func:`teamserve_capacity.plan`).
 
-    Returns ``{"concurrent_sequences" (expected), "max_num_seqs" (the flag), "max_concurrency_avg" (sequences
+    Returns ``{"concurrent_sequences" (expected), "max_num_seqs" (the flag), "max_num_queued_reqs" (the
+    engine's queue, requests; the flag, or 0 when the plan sets none), "max_concurrency_avg" (sequences
     the KV cache holds at the average context), "avg_context_tokens", "blocks", "block_size"}``.
     """
     flags, numbers = plan["flags"], plan["numbers"]
     return {"concurrent_sequences": int(numbers["concurrent_sequences"]),
             "max_num_seqs": int(flags["max-num-seqs"]),
+            "max_num_queued_reqs": int(flags.get("max-num-queued-reqs") or 0),
             "max_concurrency_avg": int(numbers["max_concurrency_avg"]),
             "avg_context_tokens": int(numbers["avg_context_tokens"]),
             "blocks": int(numbers["blocks"]), "block_size": int(numbers["block_size"])}

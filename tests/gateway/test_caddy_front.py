@@ -174,6 +174,25 @@ def test_a_box_listed_twice_is_refused():
         front.caddy_front_upstreams([box(1, 8, ["m"]), {**box(1, 8, ["m"]), "name": "again"}])
 
 
+def test_the_engines_batch_and_the_fleets_are_two_names(tmp_path):
+    """On a front, caddy_engine_max_num_seqs is 0 (no engine there) and the caps derive from
+    caddy_capacity_seqs, the fleet's sum; on a box both are its engine's --max-num-seqs, and the front's key
+    may fill that batch, not the fleet's."""
+    plan = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048}}
+    hosts = {"front": front_host([box(1, 8, ["m"]), box(2, 20, ["m"])]),
+             "gpu1": {"vllm_plan": plan, "caddy_users": USERS, "caddy_tls_mode": "off",
+                      "caddy_front_user_key": FLEET_KEY}}
+    rendered = render(tmp_path, hosts)
+    facts = {name: json.loads((tmp_path / f"{name}.facts.json").read_text()) for name in hosts}
+    assert facts["front"]["caddy_engine_max_num_seqs"] == 0 and facts["front"]["caddy_capacity_seqs"] == 28
+    assert facts["front"]["caddy_admission"] == {"user_max_inflight": 7, "user_fair_share": 0,
+                                                 "max_inflight": 28}
+    assert facts["gpu1"]["caddy_engine_max_num_seqs"] == facts["gpu1"]["caddy_capacity_seqs"] == 8
+    assert facts["gpu1"]["caddy_admission"]["max_inflight"] == 12  # its batch plus its queue
+    assert re.search(r" alice 0 7 rate_60_per_1m interactive\n", rendered["front"])
+    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive\n", rendered["gpu1"])
+
+
 def test_role_refuses_a_front_without_the_fleet_key(tmp_path):
     run = play(tmp_path, {"front": front_host([box(1, 8, ["m"])], caddy_upstream_api_key="")})
     assert run.returncode != 0

@@ -46,8 +46,8 @@ def test_engine_silence_bound_outlasts_two_full_generations_at_five_tokens_a_sec
 
 @pytest.mark.parametrize("call,field", [
     (lambda: limits.caddy_upstream_read_timeout(0), "caddy_engine_max_model_len=0"),
-    (lambda: limits.caddy_user_inflight_default(0), "caddy_engine_max_num_seqs=0"),
-    (lambda: limits.caddy_user_inflight_default(None), "caddy_engine_max_num_seqs=None"),
+    (lambda: limits.caddy_user_inflight_default(0), "caddy_capacity_seqs=0"),
+    (lambda: limits.caddy_user_inflight_default(None), "caddy_capacity_seqs=None"),
     (lambda: limits.caddy_global_inflight(8, -1), "caddy_engine_max_num_queued_reqs=-1"),
     (lambda: limits.caddy_request_body_max_bytes("lots"), "caddy_engine_max_model_len='lots'"),
 ])
@@ -78,7 +78,10 @@ PLAYBOOK = """
         tasks_from: facts
     - name: Write them beside the Caddyfile
       ansible.builtin.copy:
-        content: "{{{{ {{'caddy_metrics_url': caddy_metrics_url}} | to_json }}}}"
+        content: >-
+          {{{{ {{'caddy_metrics_url': caddy_metrics_url, 'caddy_admission': caddy_admission | default(none),
+               'caddy_engine_max_num_seqs': caddy_engine_max_num_seqs | int,
+               'caddy_capacity_seqs': caddy_capacity_seqs | int}} | to_json }}}}
         dest: "{out}/{{{{ inventory_hostname }}}}.facts.json"
         mode: "0600"
 """
@@ -186,8 +189,8 @@ def test_metrics_site_on_loopback_only_and_off_at_zero(tmp_path):
     assert "2020" not in rendered["off"] and not re.search(r"^\s*metrics$", rendered["off"], re.M)
     # The scrape URL other roles read, empty when off.
     facts = {name: json.loads((tmp_path / f"{name}.facts.json").read_text()) for name in hosts}
-    assert facts == {"default": {"caddy_metrics_url": "http://127.0.0.1:2020/metrics"},
-                     "off": {"caddy_metrics_url": ""}}
+    assert {name: f["caddy_metrics_url"] for name, f in facts.items()} == {
+        "default": "http://127.0.0.1:2020/metrics", "off": ""}
 
 
 def test_every_error_answer_labels_its_refusal_in_the_access_log(tmp_path):

@@ -123,7 +123,7 @@ def test_names_that_collide_in_identifiers(first, second):
 def test_max_inflight_within_the_batch():
     assert problems([user("a", max_inflight=1), user("b", max_inflight=8)], max_num_seqs=8) == []
     [msg] = problems([user("a", max_inflight=9)], max_num_seqs=8)
-    assert "caddy_users[0] (name=a).max_inflight=9 is above the engine's max-num-seqs=8" in msg
+    assert "caddy_users[0] (name=a).max_inflight=9 is above the batch behind this gateway, caddy_capacity_seqs=8" in msg
     assert "at most 8" in msg
     for bad in (0, -1, "2", True, 1.5):
         [msg] = problems([user("a", max_inflight=bad)], max_num_seqs=8)

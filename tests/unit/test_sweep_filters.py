@@ -140,7 +140,7 @@ def test_bench_step_keeps_lengths_and_refuses_an_engine_that_went_away():
 
 def test_sweep_inputs_from_the_testbeds_plan():
     inputs = checks.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL, settings())
-    # 8 expected, --max-num-seqs 8: powers of two to 4 x 8
+    # 8 expected, --max-num-seqs 8, --max-num-queued-reqs 32: powers of two to the engine's queue
     assert inputs["steps"] == [1, 2, 4, 8, 16, 32] and inputs["bound"] == 32
     assert inputs["targets"] == {"ttft_seconds": 5.0, "tpot_seconds": 0.3} and inputs["targets_source"] == "vllm_workload"
     assert inputs["input_tokens"] == 1000 - 256 and inputs["dataset"] == "random" and inputs["plain_args"] is None
@@ -148,6 +148,19 @@ def test_sweep_inputs_from_the_testbeds_plan():
                                   "--random-range-ratio=0"]
     assert inputs["args"][-3:] == ["--goodput", "ttft:5000", "tpot:300"] and "--ignore-eos" in inputs["args"]
     assert inputs["tokenizer"].endswith("models--teamserve--tiny-llama/snapshots/" + MODEL["revision"])
+
+
+def test_sweep_bound_is_the_plans_queue_not_a_factor_typed_again():
+    """The bound follows the plan's --max-num-queued-reqs wherever it comes from (here a plan whose queue is
+    not 4 x the batch), and falls back to --max-num-seqs for a plan that sets no queue."""
+    small_queue = planned()
+    small_queue["flags"] = {**small_queue["flags"], "max-num-queued-reqs": 12}
+    inputs = checks.sweep_inputs(small_queue, TESTBED["vllm_workload"], MODEL, settings())
+    assert inputs["bound"] == 12 and inputs["steps"] == [1, 2, 4, 8]
+    no_queue = planned()
+    no_queue["flags"] = {k: v for k, v in no_queue["flags"].items() if k != "max-num-queued-reqs"}
+    assert checks.sweep_inputs(no_queue, TESTBED["vllm_workload"], MODEL, settings())["bound"] == 8
+    assert checks.sweep_inputs(small_queue, TESTBED["vllm_workload"], MODEL, settings(bound=5))["bound"] == 5
 
 
 def test_sweep_inputs_what_if_targets_fixed_steps_and_a_prompts_file():

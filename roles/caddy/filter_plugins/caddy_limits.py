@@ -19,10 +19,17 @@ BODY_BYTES_PER_TOKEN = 32
 BODY_OVERHEAD_BYTES = 1024 * 1024
 
 
-def _positive_int(value: Any, field: str) -> int:
-    """``value`` as an int >= 1; raises ValueError naming ``field``, the value and the fix otherwise."""
-    fix = (f"{field} comes from the capacity plan (vllm_plan.flags, published by the vllm role's checks, which "
-           f"must run first); for an engine teamserve does not plan, set {field} to the engine's value")
+# Where the two numbers below come from, for the error messages.
+_FROM_PLAN = ("comes from the capacity plan (vllm_plan.flags, published by the vllm role's checks, which must run "
+              "first) or, on a front gateway, from caddy_upstreams")
+_SEQS_FIX = (f"it {_FROM_PLAN} (the sum of their max_inflight); for an engine teamserve does not plan, set "
+             "caddy_engine_max_num_seqs to the engine's --max-num-seqs")
+_LEN_FIX = (f"it {_FROM_PLAN} (the largest max_model_len); for an engine teamserve does not plan, set it to the "
+            "engine's --max-model-len")
+
+
+def _positive_int(value: Any, field: str, fix: str) -> int:
+    """``value`` as an int >= 1; raises ValueError naming ``field``, the value and ``fix`` otherwise."""
     if isinstance(value, bool):
         raise ValueError(f"{field}={value!r} is not a whole number >= 1; {fix}")
     try:
@@ -41,7 +48,7 @@ def caddy_user_inflight_default(max_num_seqs: Any) -> int:
     Input: the engine's --max-num-seqs (sequences in one batch). Output: int >= 1.
     Raises ValueError if max_num_seqs is not a whole number >= 1.
     """
-    return user_inflight_share(_positive_int(max_num_seqs, "caddy_engine_max_num_seqs"))
+    return user_inflight_share(_positive_int(max_num_seqs, "caddy_capacity_seqs", _SEQS_FIX))
 
 
 def caddy_global_inflight(max_num_seqs: Any, max_num_queued_reqs: Any) -> int:
@@ -51,7 +58,7 @@ def caddy_global_inflight(max_num_seqs: Any, max_num_queued_reqs: Any) -> int:
     by the engine's own 503. Inputs: the two engine flags (requests). Output: int >= 1.
     Raises ValueError if max_num_seqs < 1 or max_num_queued_reqs < 0.
     """
-    seqs = _positive_int(max_num_seqs, "caddy_engine_max_num_seqs")
+    seqs = _positive_int(max_num_seqs, "caddy_capacity_seqs", _SEQS_FIX)
     problem = (f"caddy_engine_max_num_queued_reqs={max_num_queued_reqs!r} is not a whole number >= 0; it comes "
                "from the capacity plan (vllm_plan.flags['max-num-queued-reqs']); for an engine teamserve does "
                "not plan, set it to the engine's --max-num-queued-reqs")
@@ -70,7 +77,7 @@ def caddy_request_body_max_bytes(max_model_len: Any) -> int:
     Input: the engine's --max-model-len (tokens). Output: int bytes (32,768 tokens -> 2 MiB).
     Raises ValueError if max_model_len is not a whole number >= 1.
     """
-    return _positive_int(max_model_len, "caddy_engine_max_model_len") * BODY_BYTES_PER_TOKEN + BODY_OVERHEAD_BYTES
+    return _positive_int(max_model_len, "caddy_engine_max_model_len", _LEN_FIX) * BODY_BYTES_PER_TOKEN + BODY_OVERHEAD_BYTES
 
 
 # The slowest decode the engine-silence bound allows for: 5 tokens a second, far below any GPU's speed
@@ -88,7 +95,7 @@ def caddy_upstream_read_timeout(max_model_len: Any) -> int:
     Input: the engine's --max-model-len (tokens). Output: int seconds (32,768 tokens -> 13,227 s;
     2,048 -> 939 s). Raises ValueError if max_model_len is not a whole number >= 1.
     """
-    tokens = _positive_int(max_model_len, "caddy_engine_max_model_len")
+    tokens = _positive_int(max_model_len, "caddy_engine_max_model_len", _LEN_FIX)
     return 2 * tokens // SLOWEST_TOKENS_PER_SECOND + UPSTREAM_SILENCE_MARGIN_S
 
 

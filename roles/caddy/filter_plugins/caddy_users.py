@@ -137,8 +137,8 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, extra_
                 problems.append(f"{where}.max_inflight={cap!r} must be a whole number of requests >= 1; "
                                 "remove it to get the default share of the batch (caddy_user_max_inflight)")
             elif upper is not None and cap > upper:
-                problems.append(f"{where}.max_inflight={cap} is above the engine's max-num-seqs={upper} (one "
-                                f"user would hold more than the whole batch); set it to at most {upper}, or remove "
+                problems.append(f"{where}.max_inflight={cap} is above the batch behind this gateway, "
+                                f"caddy_capacity_seqs={upper} (one user would hold more than the whole batch); set it to at most {upper}, or remove "
                                 "it to get the default share (caddy_user_max_inflight)")
         key = _user_key(user, keys)
         if key is not None:
