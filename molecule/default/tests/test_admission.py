@@ -21,7 +21,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import testinfra
-from conftest import REPO, users_play, vault_view
+from conftest import CACHE, REPO, ansible_playbook, users_play, vault_view
 
 from teamserve_capacity.planner import user_inflight_share
 
@@ -92,6 +92,10 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
 
 
+# dana's key file and user list, for the revoke test at the end of this module.
+DANA: dict = {}
+
+
 @pytest.fixture(scope="module")
 def dana(testbed_vars, gateway_verify, tmp_path_factory):
     """A second other user with a generous rate limit, issued for this module's tests and revoked after them."""
@@ -99,8 +103,10 @@ def dana(testbed_vars, gateway_verify, tmp_path_factory):
     keys_file = tmp_path_factory.mktemp("dana") / "caddy_keys.vault.yml"
     users_play("issue", "dana", keys_file, users)
     issued = vault_view(keys_file)["caddy_user_keys"]
+    DANA.update(keys_file=keys_file, users=users)
     yield issued["dana"]
-    users_play("revoke", "dana", keys_file, users)
+    if not DANA.get("revoked"):  # test_a_revoke_reaches_the_front_first revokes her itself
+        users_play("revoke", "dana", keys_file, users)
 
 
 def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys, gateway_verify, dana, capsys):
@@ -361,3 +367,33 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
         start = min(ends.values())
         print("Ends after the first (s, including the pauses): "
               + ", ".join(f"{name} {ends[name] - start:.2f}" for name in sorted(ends)))
+
+
+def models_status(url: str, key: str, ca: str) -> int:
+    """GET models with `key` at the gateway's API base `url` (ending /v1): the HTTP status."""
+    with httpx.Client(verify=ca, timeout=30) as client:
+        return client.get(f"{url}/models", headers={"Authorization": f"Bearer {key}"}).status_code
+
+
+def test_a_revoke_reaches_the_front_first_and_names_an_unreachable_box(testbed_vars, gateway_verify, dana, tmp_path):
+    """users.yml revoking dana while teamserve-box cannot be reached (an inventory overlay points its
+    connection at a container that does not exist): the front gateway, where the team's requests arrive,
+    refuses her key at once - it is changed first, from its recorded pool, needing no box - and the run fails
+    naming the box, where her key still works. Run again with the box back, the box refuses it too."""
+    front, front_ca = "https://10.231.0.30:8443/v1", str(CACHE / "front-caddy-root.crt")
+    assert models_status(front, dana, front_ca) == 200 and models_status(base_url(testbed_vars), dana, gateway_verify) == 200
+    overlay = tmp_path / "unreachable.yml"
+    overlay.write_text(json.dumps({"all": {"hosts": {"teamserve-box": {"ansible_host": "teamserve-box-not-there"}}}}))
+    extra = {"caddy_users_action": "revoke", "caddy_users_name": "dana",
+             "caddy_users_keys_file": str(DANA["keys_file"]), "caddy_users": DANA["users"]}
+    run = ansible_playbook(REPO / "playbooks" / "users.yml", extra, timeout=600, args=("-i", str(overlay)))
+    DANA["revoked"] = True  # in the key file, whatever happens next
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert ("The key change (revoke dana) did not reach teamserve-box (unreachable, or failed above): there the "
+            "previous keys are still in force (the revoked key still works there). It is live on teamserve-front."
+            ) in " ".join(run.stdout.split()), run.stdout[-3000:]
+    assert models_status(front, dana, front_ca) == 401
+    assert models_status(base_url(testbed_vars), dana, gateway_verify) == 200  # not reached: unchanged
+    users_play("revoke", "dana", DANA["keys_file"], DANA["users"])
+    assert models_status(base_url(testbed_vars), dana, gateway_verify) == 401
+    assert models_status(front, dana, front_ca) == 401
