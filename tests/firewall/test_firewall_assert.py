@@ -43,12 +43,28 @@ CASES: dict[str, tuple[dict, str | None]] = {
                                           r"clients must be account names or numeric uids, not nobody; drop"),
     "engine_port_and_clients": ({"firewall_lan_cidrs": LAN, "firewall_engine_ports": [8000],
                                  "firewall_engine_clients": ["caddy", "998"]}, None),
+    # Behind a front gateway: only the front (and an explicit opt-in) reaches the box's gateway.
+    "behind_front_defaults_to_the_front": ({"firewall_lan_cidrs": LAN, "firewall_gateway_front_addresses": ["10.231.0.30"]},
+                                           None),
+    "behind_front_lan_wide_refused": ({"firewall_lan_cidrs": LAN, "firewall_gateway_front_addresses": ["10.231.0.30"],
+                                       "firewall_gateway_cidrs": LAN},
+                                      r"firewall_gateway_cidrs reaches 10\.231\.0\.0/24 beyond the front gateways this "
+                                      r"box is behind \(10\.231\.0\.30\).*firewall_gateway_around_front_cidrs"),
+    "behind_front_opt_in": ({"firewall_lan_cidrs": LAN, "firewall_gateway_front_addresses": ["10.231.0.30"],
+                             "firewall_gateway_around_front_cidrs": ["10.231.0.1/32"],
+                             "firewall_gateway_cidrs": ["10.231.0.30/32", "10.231.0.1"]}, None),
+    "behind_front_address_unknown": ({"firewall_lan_cidrs": LAN,
+                                      "firewall_gateway_front_addresses": ["(no address known for front)"]},
+                                     r"'\(no address known for front\)' is not an IPv4 or IPv6 network.*"
+                                     r"set teamserve_front_address"),
 }
 ENGINE_TASK = "Check the engine ports and the accounts that may use them"
+FRONT_TASK = "Check that only the front gateways reach a box behind them"
 FAILING_TASK = {"every_interface_a_container_bridge": "Check the container interface names",
                 "interface_name_too_long": "Check the container interface names",
                 "engine_port_is_the_gateway_port": ENGINE_TASK,
-                "engine_client_not_an_account_name": ENGINE_TASK}
+                "engine_client_not_an_account_name": ENGINE_TASK,
+                "behind_front_lan_wide_refused": FRONT_TASK, "behind_front_address_unknown": FRONT_TASK}
 
 PLAYBOOK = """
 - hosts: all
@@ -81,6 +97,6 @@ def outcomes(tmp_path_factory) -> dict[str, str]:
 def test_refused_before_anything_changes(outcomes, case):
     expected, outcome = CASES[case][1], " ".join(outcomes[case].split())
     if expected is None:
-        assert not outcome.startswith((CIDR_TASK, "Check the LAN", ENGINE_TASK)), outcome
+        assert not outcome.startswith((CIDR_TASK, "Check the LAN", ENGINE_TASK, FRONT_TASK)), outcome
     else:
         assert outcome.startswith(FAILING_TASK.get(case, CIDR_TASK)) and re.search(expected, outcome), outcome

@@ -91,3 +91,13 @@ def test_contains_agrees_with_ipaddress(addr, prefix):
     assert net.firewall_cidr_problems([str(network)]) == []
     assert net.firewall_cidrs_contain([str(network)], str(addr)) is True
     assert net.firewall_cidrs_by_family([str(network)], addr.version) == [str(network)]
+
+
+def test_outside_names_what_reaches_beyond_the_front():
+    """A box behind a front: the LAN reaches beyond the front's address, the front itself and an opted-in
+    host do not; an IPv6 entry is never inside an IPv4 one; bad entries are left to firewall_cidr_problems."""
+    allowed = ["10.231.0.30", "10.231.0.1/32"]
+    assert net.firewall_cidrs_outside(["10.231.0.0/24", "10.231.0.30/32", "10.231.0.1", "::ffff:0:0/96", "nonsense"],
+                                      allowed) == ["10.231.0.0/24", "::ffff:0:0/96"]
+    assert net.firewall_cidrs_outside(["fd31::/64"], ["fd31::/48"]) == []
+    assert net.firewall_cidrs_outside([], allowed) == []

@@ -88,10 +88,16 @@ def test_engine_answers_on_loopback_with_its_own_key_only(host, vault):
     assert status == "200"
 
 
-def test_gateway_refuses_missing_and_unknown_keys(testbed_vars):
-    url = gateway_url(testbed_vars) + "/v1/models"
-    assert curl_status(LAN_CLIENT, url) == "401"
-    assert curl_status(LAN_CLIENT, url, key="sk-ts-" + "0" * 48) == "401"
+def test_lan_clients_go_through_the_front_which_refuses_missing_and_unknown_keys(testbed_vars, keys):
+    """The box is behind the front gateway (teamserve-front, 10.231.0.30): its gateway port answers the
+    front (and, by the testbed's explicit opt-in, the controller), never another LAN host, so nobody goes
+    around the front's keys and limits; from that host the front answers, and refuses missing and unknown
+    keys."""
+    assert curl_status(LAN_CLIENT, gateway_url(testbed_vars) + "/v1/models", key=keys["alice"]) == "000"
+    front = f"https://10.231.0.30:{testbed_vars['caddy_listen_port']}/v1/models"
+    assert curl_status(LAN_CLIENT, front) == "401"
+    assert curl_status(LAN_CLIENT, front, key="sk-ts-" + "0" * 48) == "401"
+    assert curl_status(LAN_CLIENT, front, key=keys["alice"]) == "200"
 
 
 def test_streamed_chat_through_the_gateway_with_the_openai_sdk(testbed_vars, keys, gateway_verify):

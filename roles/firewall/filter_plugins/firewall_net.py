@@ -99,6 +99,23 @@ def firewall_cidrs_contain(cidrs, address):
     return False
 
 
+def firewall_cidrs_outside(cidrs, allowed):
+    """The entries of ``cidrs`` (list of str) that reach beyond ``allowed`` (list of str) -> list of str.
+
+    An entry is inside when one entry of ``allowed`` of the same IP version contains it entirely (a bare
+    address is one host); unparseable entries are left to firewall_cidr_problems. Used to keep a box
+    behind a front gateway reachable from the front only."""
+    nets = [_network(a) for a in allowed if not firewall_cidr_problems([a])]
+    outside = []
+    for cidr in cidrs:
+        if firewall_cidr_problems([cidr]):
+            continue
+        net = _network(cidr)
+        if not any(net.version == a.version and net.subnet_of(a) for a in nets):
+            outside.append(str(net))
+    return outside
+
+
 class FilterModule:
     """Ansible entry point."""
 
@@ -109,4 +126,5 @@ class FilterModule:
             "firewall_cidrs_by_family": firewall_cidrs_by_family,
             "firewall_any_networks": firewall_any_networks,
             "firewall_cidrs_contain": firewall_cidrs_contain,
+            "firewall_cidrs_outside": firewall_cidrs_outside,
         }
