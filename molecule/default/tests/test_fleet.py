@@ -9,6 +9,7 @@ Traffic goes only to the testbed's containers; every loop is bounded in count an
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -56,6 +57,16 @@ def ask(key: str, model: str = "tiny", max_tokens: int = 4, headers: dict[str, s
                                headers={"Authorization": f"Bearer {key}", **(headers or {})})
     data = response.json()
     return response.status_code, data.get("model") or (data.get("error") or {}).get("code", "?")
+
+
+def test_the_front_has_the_firewall(host):
+    """The front runs the firewall role: its table drops by default and opens only the gateway's port to
+    the LAN and SSH to the admins (the LAN reaching the front: test_site.py)."""
+    table = host.check_output("nft list table inet teamserve")
+    assert "policy drop;" in table
+    assert "ip saddr @gateway_v4 tcp dport 8443 accept" in table
+    assert re.search(r"set gateway_v4 \{[^}]*elements = \{ 10\.231\.0\.0/24 \}", table), table
+    assert host.service("nftables").is_enabled
 
 
 def test_models_lists_what_the_fleet_serves(keys):
