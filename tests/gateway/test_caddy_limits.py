@@ -239,3 +239,20 @@ def test_admission_counts_engine_sequences(tmp_path):
     cost = route.index("\t\trequest_cost {teamserve_cost} {\n\t\t\tmax_size ")
     assert cost < route.index("\t\timport user_inflight\n") < route.index("reverse_proxy @proxied")
     assert caddyfile.count("request_cost {teamserve_cost}") == 1
+
+
+def test_me_answers_the_callers_own_limits_after_the_key_checks(tmp_path):
+    """/v1/me is answered by the gateway itself once the key is known and not expired (401 before it), ahead
+    of maintenance, every limit and the engine; its rate limit comes from the caller's own zone, one map
+    line per zone; proxied answers carry the caller's in-flight sequences and cap."""
+    users = USERS + [{"name": "bob", "key": "b" * 40, "rate_limit": {"events": 5, "window": "1h"}}]
+    caddyfile = render(tmp_path, {"box": {"vllm_plan": PLAN, "caddy_users": users}})["box"]
+    route = caddyfile.split("\troute {\n", 1)[1]
+    me = route.index("\t\t@me path /v1/me\n")
+    assert "not path " in route and route.index(" /v1/me\n\t\terror @not_proxied") < route.index("error @anonymous")
+    assert route.index("error @expired") < me < route.index("handle @maintenance") < route.index("rate_limit {")
+    block = route[me:route.index("\n\t\t}\n", me)]
+    assert "\t\t\t\trate_5_per_1h 5 1h\n\t\t\t\trate_60_per_1m 60 1m\n\t\t\t\tdefault 0 \"\"\n" in block
+    assert "respond `{\"object\":\"teamserve.me\",\"user\":\"{teamserve_user}\"" in block and "reverse_proxy" not in block
+    limit = route.index("\t\timport user_inflight\n")
+    assert limit < route.index("header X-Teamserve-In-Flight {inflight_limit.in_flight}") < route.index("reverse_proxy @proxied")

@@ -18,7 +18,7 @@ import uuid
 import httpx2 as httpx  # the HTTP library openai 3.x is built on (its http_client type)
 import openai
 import pytest
-from conftest import access_log_entry
+from conftest import SCENARIO, access_log_entry, run_converge
 
 
 def client(base_url: str, ca_file: str, key: str) -> openai.OpenAI:
@@ -161,6 +161,34 @@ def test_caps_are_derived_from_the_plan(host, gateway_vars):
     # One rate-limit zone per distinct limit (alice and grace share one), not one per user.
     assert caddyfile.count("zone rate_3_per_1m {") == 1 and caddyfile.count("zone rate_1000_per_1m {") == 1
     assert caddyfile.count("\t\t\tzone ") == 2
+
+
+def test_each_user_sees_their_own_limits_and_the_gateways_state(base_url, ca_file, keys):
+    """GET /v1/me answers the caller's own cap, rate limit, lane and key expiry - never anyone else's - and
+    the gateway's state, with the Retry-After a drain tells everyone; it needs a key. Every proxied answer
+    carries the caller's engine sequences in flight with it and their cap."""
+    me = raw(base_url, ca_file, "/v1/me", keys["bob"])
+    assert me.status_code == 200 and me.headers["content-type"].startswith("application/json"), me.text
+    assert me.headers["cache-control"] == "no-store"
+    assert me.json() == {"object": "teamserve.me", "user": "bob", "lane": "interactive",
+                         "max_in_flight_sequences": 8, "rate_limit": {"events": 1000, "window": "1m"},
+                         "key_expires_at": 0, "gateway": {"state": "serving", "retry_after_seconds": None}}
+    assert raw(base_url, ca_file, "/v1/me", keys["grace"]).json()["rate_limit"] == {"events": 3, "window": "1m"}
+    assert_openai_error(raw(base_url, ca_file, "/v1/me"), 401, "invalid_api_key")
+    answer = httpx.post(base_url + "/chat/completions", verify=ca_file, timeout=30,
+                        headers={"Authorization": f"Bearer {keys['bob']}"},
+                        json={"model": "fixture", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+    assert answer.status_code == 200, answer.text
+    assert (answer.headers["x-teamserve-in-flight"], answer.headers["x-teamserve-in-flight-limit"]) == ("1", "8")
+    state = run_converge({"caddy_state": "draining", "caddy_maintenance_retry_after": 42},
+                         playbook=SCENARIO / "state.yml")
+    try:
+        assert state.returncode == 0, state.stdout[-3000:]
+        assert raw(base_url, ca_file, "/v1/me", keys["bob"]).json()["gateway"] == {
+            "state": "draining", "retry_after_seconds": 42}
+    finally:
+        run_converge({"caddy_state": "serving"}, playbook=SCENARIO / "state.yml")
+    assert raw(base_url, ca_file, "/v1/me", keys["bob"]).json()["gateway"]["state"] == "serving"
 
 
 def test_server_full_gets_503_with_retry_after(base_url, ca_file, keys, gateway_vars):

@@ -197,10 +197,17 @@ def previous_release(host, release_refused, keys) -> dict:
     digest, version = generated()["testbed_vllm_previous_image_digest"], generated()["testbed_vllm_previous_version"]
     assert digest.startswith("sha256:") and version == "0.31.0"
     set_pin(digest, vllm_version=version)
+    restarts = len([r for r in map(json.loads, host.file("/var/lib/teamserve/cold-start.jsonl").content_string
+                                   .splitlines()) if r["trigger"] == "restart"])
+    front = FrontWatcher(keys["alice"])  # through the front the whole time: the switch and the timed restart
+    front.start()
     started = time.monotonic()
-    # The deploy's own cold start is recorded; the restart site.yml would measure after it is read by no test.
-    result = ansible_playbook(PROJECT / "site.yml", {"vllm_cold_start_measure": "never"})
-    return {"result": result, "seconds": time.monotonic() - started, "digest": digest, "version": version,
+    result = ansible_playbook(PROJECT / "site.yml")
+    seconds = time.monotonic() - started
+    time.sleep(2)
+    records = [json.loads(line) for line in host.file("/var/lib/teamserve/cold-start.jsonl").content_string.splitlines()]
+    return {"result": result, "seconds": seconds, "digest": digest, "version": version, "front": front.stop(),
+            "restarts_measured": len([r for r in records if r["trigger"] == "restart"]) - restarts,
             "engine": engine(host), "recorded": deployed(host), "served": served_version(keys["alice"])}
 
 
@@ -362,6 +369,16 @@ def test_site_deploys_the_previous_release(previous_release):
     assert previous_release["recorded"]["pins"]["vllm_version"] == "0.31.0"
     assert previous_release["recorded"]["engine"]["vllm_version"] == "0.31.0"
     print(f"site.yml put the box on vLLM 0.31.0 in {previous_release['seconds']:.0f} s")
+
+
+def test_site_yml_takes_the_box_out_of_the_front_for_each_restart(previous_release):
+    """The same site.yml run, asked through the front gateway every second: the box left the front's pool
+    (its /health 503 while still serving) before the engine switch and before the restart that timed the
+    cold start, so teamserve-box-b answered meanwhile and nobody got an error."""
+    assert previous_release["restarts_measured"] == 1
+    seen = previous_release["front"]
+    assert len(seen) >= 30, seen
+    assert [s for s in seen if s[0] != 200] == [], seen
 
 
 def test_healthy_upgrade_switches_the_release(healthy_upgrade, keys):
