@@ -147,6 +147,13 @@ def test_cold_start_recorded(host):
     restart = [r for r in records if r["trigger"] == "restart"]
     assert deploy and float(deploy[-1]["seconds_to_health"]) > 0
     assert restart and 0 < float(restart[-1]["seconds_to_health"]) < float(restart[-1]["seconds_to_first_token"])
+    # The weights' floor: their bytes on the box over a bounded read of them, beside the load vLLM logged.
+    floor = restart[-1]["weights_floor"]
+    model_dir = "/var/lib/teamserve/vllm/huggingface/hub/models--teamserve--tiny-llama"
+    on_disk = int(host.check_output(f"find -L {model_dir}/snapshots -name '*.safetensors' -printf '%s\\n'"
+                                    " | awk '{s += $1} END {print s}'"))
+    assert floor["bytes"] == on_disk > 0 and floor["read_bytes_per_second"] > 0
+    assert floor["floor_seconds"] >= 0 and floor["load_seconds"] == restart[-1]["logged_durations"]["weights_loading"]
 
 
 def test_site_yml_plans_the_engine_once_per_run():
