@@ -22,7 +22,7 @@ CASES = {
         "name 'zoe_x' collides with 'zoe-x'"),
     "in-flight cap above max-num-seqs": (
         [{"name": "zoe", "key": KEY, "max_inflight": 9, **GOOD}],
-        "max_inflight=9 is above the engine's max-num-seqs=8"),
+        "max_inflight=9 is above the batch behind this gateway, caddy_capacity_seqs=8"),
 }
 WATCHED = "/etc/caddy/Caddyfile /etc/systemd/system/caddy.service /usr/local/bin/caddy"
 
