@@ -210,3 +210,14 @@ def test_box_behind_a_front_gets_the_front_user_and_keeps_a_public_health(tmp_pa
     (tmp_path / "private").mkdir()
     run = play(tmp_path / "private", {"gpu1": {**box_vars, "caddy_health_public": False}})
     assert run.returncode != 0 and "caddy_health_public" in run.stdout
+
+
+@pytest.mark.parametrize("interval, grace", [("5s", 11), ("2s", 5), ("500ms", 2), ("1m", 121), ("1500ms", 4)])
+def test_drain_grace_is_two_health_checks_and_a_second(interval, grace):
+    assert front.caddy_front_drain_grace(interval) == grace
+
+
+@pytest.mark.parametrize("interval", ["5", "0s", "5h", "", None, "1.5s"])
+def test_drain_grace_refuses_what_is_not_a_duration(interval):
+    with pytest.raises(ValueError, match="caddy_upstream_health_interval"):
+        front.caddy_front_drain_grace(interval)

@@ -148,10 +148,32 @@ def caddy_front_models_json(upstreams: Any) -> list[dict[str, Any]]:
              "max_model_len": r["max_model_len"]} for r in caddy_front_routes(upstreams)["by_model"]]
 
 
+_DURATION = re.compile(r"^([1-9][0-9]*)(ms|s|m)$")
+
+
+def caddy_front_drain_grace(health_interval: Any) -> int:
+    """Seconds a box behind this front must keep serving with its /health at 503 before it stops serving.
+
+    Input: ``caddy_upstream_health_interval``, a Caddy duration as the role's checks allow it (``500ms``,
+    ``5s``, ``1m``). Output: ``2 x interval + 1`` seconds, rounded up: the front asks each box's /health
+    once per interval, so it has asked at least once after the switch within two intervals (a check that
+    was already under way when /health turned 503 does not count), plus a second for the reload of the
+    pool. ``caddy_upstream_fail_duration`` does not enter: a draining box answers its API requests, so the
+    front never takes it out passively; the active check does. Raises ValueError naming the field for a
+    value that is not such a duration.
+    """
+    match = _DURATION.match(str(health_interval))
+    if not match:
+        raise ValueError(f"caddy_upstream_health_interval={health_interval!r} is not a duration such as 5s, "
+                         "500ms or 1m")
+    seconds = int(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[match.group(2)]
+    return int(-(-2 * seconds // 1)) + 1
+
+
 class FilterModule:
     """The front gateway's filters."""
 
     def filters(self) -> dict[str, Any]:
         return {"caddy_front_upstreams": caddy_front_upstreams, "caddy_front_capacity": caddy_front_capacity,
                 "caddy_front_max_model_len": caddy_front_max_model_len, "caddy_front_routes": caddy_front_routes,
-                "caddy_front_models_json": caddy_front_models_json}
+                "caddy_front_models_json": caddy_front_models_json, "caddy_front_drain_grace": caddy_front_drain_grace}
