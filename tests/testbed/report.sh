@@ -29,8 +29,9 @@ Try it:
   c = openai.OpenAI(base_url="$url/v1", api_key="$key")
   for ch in c.chat.completions.create(model="tiny", stream=True, max_tokens=32, messages=[{"role": "user", "content": "Hello"}]):
       print(ch.choices[0].delta.content or "", end="", flush=True)'
-(The gateway answers this machine, which sits on the testbed's LAN 10.231.0.0/24; from the outside
-network 10.232.0.0/24 it does not.)
+(The box's gateway answers this machine, which sits on the testbed's LAN 10.231.0.0/24 and is let
+around the front gateway on purpose; other LAN hosts go through the front, below; from the outside
+network 10.232.0.0/24 nothing answers.)
 TXT
 # The front gateway over this box and a second one (README "Several boxes"), when the scenario has it.
 front_ca="$TESTBED_CACHE/front-caddy-root.crt"
