@@ -142,7 +142,7 @@ def test_models_per_box_route_by_model(tmp_path):
         assert_box_refusals_retried(pools[name], len(re.findall(r"cap (\S+) ", pools[name])), caddyfile)
     # Routed before the catch-all pool.
     assert caddyfile.index("reverse_proxy @model_1") < caddyfile.index("reverse_proxy @proxied")
-    listing = json.loads(re.search(r"respond `([^`]+)` 200", caddyfile).group(1))
+    listing = json.loads(re.search(r"respond `(\{\"object\": \"list\"[^`]+)` 200", caddyfile).group(1))
     assert [(m["id"], m["max_model_len"]) for m in listing["data"]] == [("llama", 2048), ("qwen", 2048)]  # the smallest of its boxes
 
 
