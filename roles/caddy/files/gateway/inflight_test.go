@@ -335,10 +335,8 @@ func TestCaddyfileAdapts(t *testing.T) {
 // still running), so the next request of the same key meets a full bucket inside a real Caddy server.
 type holdHandler struct{}
 
-var (
-	holdStarted = make(chan struct{}, 16)
-	holdRelease = make(chan struct{})
-)
+// The test that loads it makes both channels afresh, so it passes again under go test -count=N.
+var holdStarted, holdRelease chan struct{}
 
 func (holdHandler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "http.handlers.inflight_test_hold", New: func() caddy.Module { return new(holdHandler) }}
@@ -383,6 +381,7 @@ func accessLogEntries(t *testing.T, path, id string) map[string]any {
 // In a real Caddy server, the concurrency refusal's access-log entry carries refused=concurrency_limit_exceeded
 // (what log readers count per kind); an admitted request's entry has no such field.
 func TestRefusalIsLabelledInTheAccessLog(t *testing.T) {
+	holdStarted, holdRelease = make(chan struct{}, 16), make(chan struct{})
 	dir := t.TempDir()
 	t.Setenv("XDG_DATA_HOME", dir) // Caddy's instance id
 	t.Setenv("XDG_CONFIG_HOME", dir)

@@ -286,18 +286,6 @@ func TestFrontTransportErrorAfterARefusalIsNotRetried(t *testing.T) {
 	}
 }
 
-// Why the template sets request_buffers: request_model holds the body in its own reader, which
-// reverse_proxy cannot rewind, so without Caddy's own buffer the retry does not carry the body.
-func TestFrontRetryWithoutRequestBuffersLosesTheBody(t *testing.T) {
-	first, second := newBoxDouble(t, http.StatusServiceUnavailable), newBoxDouble(t, http.StatusOK)
-	client, _ := frontGateway(t, frontCaddyfile(false, first, second))
-	body := bigChat()
-	got := post(context.Background(), client, "", "/v1/chat/completions", body)
-	if bodies := second.got(); got.status == http.StatusOK && len(bodies) == 1 && bodies[0] == body {
-		t.Fatal("the retry carried the whole body without request_buffers: the template's buffer may be dropped")
-	}
-}
-
 func lengths(bodies []string) []int {
 	out := make([]int, len(bodies))
 	for i, b := range bodies {
