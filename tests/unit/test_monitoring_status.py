@@ -74,6 +74,10 @@ HELD = {
         matrix({"__name__": "teamserve_gateway_refusals_total", "user": "carol", "kind": "rate_limit_exceeded"}, 3, 3),
         matrix({"__name__": "teamserve_gateway_refusals_total", "user": "bob", "kind": "server_full"}, 2, 2)],
     QUERIES["user_refusals_before"]: [vector({"user": "bob", "kind": "server_full"}, 2)],
+    QUERIES["user_tokens_samples"]: [
+        matrix({"__name__": "teamserve_gateway_tokens_total", "user": "carol", "kind": "prompt"}, 400, 900, 1000),
+        matrix({"__name__": "teamserve_gateway_tokens_total", "user": "carol", "kind": "completion"}, 40, 50)],
+    QUERIES["user_tokens_before"]: [vector({"user": "carol", "kind": "prompt"}, 100)],
     QUERIES["engine_up"]: [vector({"job": "vllm"}, 1)],
 }
 
@@ -144,7 +148,10 @@ def test_the_status_view_prints_exact_counts_at_one_instant(tmp_path, prometheus
     assert facts["monitoring_status"]["user_refusals"] == [
         {"metric": {"user": "bob", "kind": "server_full"}, "value": 0},
         {"metric": {"user": "carol", "kind": "rate_limit_exceeded"}, "value": 3}]
-    assert "  bob: 5 requests" in printed  # no refusal in the hour: none printed
-    assert "  carol: 8 requests; 3 rate_limit_exceeded" in printed
+    assert facts["monitoring_status"]["user_tokens"] == [
+        {"metric": {"user": "carol", "kind": "completion"}, "value": 50},
+        {"metric": {"user": "carol", "kind": "prompt"}, "value": 900}]
+    assert "  bob: 5 requests" in printed  # no tokens or refusal in the hour: none printed
+    assert "  carol: 8 requests; 900 prompt + 50 completion tokens; 3 rate_limit_exceeded" in printed
     assert "Engine up:              yes" in printed
     assert set(asked) == {f"{AT}"}  # every figure read at the one instant

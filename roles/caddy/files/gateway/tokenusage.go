@@ -1,0 +1,444 @@
+// token_usage is a Caddy HTTP handler that reads the engine's own token counts from each answer and
+// puts them in the request's access-log entry as "prompt_tokens" and "completion_tokens" (integers),
+// where the monitoring role's mtail program counts them per user.
+//
+// Caddyfile (inside the route, just before reverse_proxy):
+//
+//	token_usage [{
+//		max_size   <bytes>   # the most request body bytes read (default 64 MiB; larger: 413)
+//		max_answer <bytes>   # the most bytes of a non-streamed answer kept to read its usage (default 4 MiB)
+//	}]
+//
+// What is read, in vLLM's and OpenAI's shapes:
+//
+//   - a JSON answer (chat, completions, embeddings, responses): its top-level "usage"
+//     {"prompt_tokens", "completion_tokens"} or, for /v1/responses, {"input_tokens", "output_tokens"};
+//   - a server-sent-events stream: the "usage" of the last chunk that has one (with stream_options
+//     include_usage the engine sends it in a last chunk whose "choices" is empty), or, for
+//     /v1/responses, the "response"."usage" of its response.completed event.
+//
+// A stream counts only if the engine is asked for its usage, so a JSON object body with "stream": true
+// and without "stream_options": {"include_usage": true} gets include_usage added (other stream_options
+// members kept; every other byte of the body as the client sent it) and the usage-only chunk the client
+// did not ask for is taken out of the stream before it reaches the client. A client that asked keeps it.
+//
+// Only answers with a 2xx status are read; an answer without usage (an error, a cut stream, a body over
+// max_answer) adds no field. A JSON body in UTF-16/32 is forwarded unchanged (request_priority refuses
+// it where it runs). Server-sent events go out whole: the handler holds at most one incomplete event
+// and writes each complete one as it arrives, so a stream is not delayed by more than the engine's own
+// chunking.
+//
+// Source of the shapes: OpenAI's API reference (chat completion chunk, stream_options.include_usage;
+// responses streaming events) and vLLM's OpenAI-compatible server, which emits the usage-only chunk
+// with empty choices when include_usage is set and omits unset fields from other chunks.
+
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// Access-log fields token_usage sets.
+const (
+	PromptTokensLogField     = "prompt_tokens"
+	CompletionTokensLogField = "completion_tokens"
+)
+
+// DefaultMaxAnswer is the most bytes of a non-streamed answer kept to read its usage unless max_answer
+// says otherwise: a chat answer of the largest context the planner allows is well under it.
+const DefaultMaxAnswer = 4 << 20
+
+func init() {
+	caddy.RegisterModule(TokenUsage{})
+	httpcaddyfile.RegisterHandlerDirective("token_usage", parseTokenUsageCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("token_usage", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// TokenUsage records each answer's prompt and completion tokens in the access log.
+type TokenUsage struct {
+	// MaxSize is the most request body bytes read; a larger body is refused with 413. Default DefaultBodyMax.
+	MaxSize int64 `json:"max_size,omitempty"`
+	// MaxAnswer is the most bytes of a non-streamed answer kept to read its usage. Default DefaultMaxAnswer.
+	MaxAnswer int64 `json:"max_answer,omitempty"`
+
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (TokenUsage) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.token_usage",
+		New: func() caddy.Module { return new(TokenUsage) },
+	}
+}
+
+// Provision fills in the defaults.
+func (t *TokenUsage) Provision(ctx caddy.Context) error {
+	t.logger = ctx.Logger()
+	if t.MaxSize == 0 {
+		t.MaxSize = DefaultBodyMax
+	}
+	if t.MaxAnswer == 0 {
+		t.MaxAnswer = DefaultMaxAnswer
+	}
+	return t.Validate()
+}
+
+// Validate reports configuration errors (also run by Provision).
+func (t *TokenUsage) Validate() error {
+	if t.MaxSize < 0 {
+		return fmt.Errorf("token_usage: max_size %d must be >= 1 byte", t.MaxSize)
+	}
+	if t.MaxAnswer < 0 {
+		return fmt.Errorf("token_usage: max_answer %d must be >= 1 byte", t.MaxAnswer)
+	}
+	return nil
+}
+
+// tokenCounts is an answer's usage, in tokens.
+type tokenCounts struct {
+	prompt, completion int
+}
+
+// usageJSON is "usage" in either naming (chat/completions/embeddings, or responses).
+type usageJSON struct {
+	PromptTokens     *int `json:"prompt_tokens"`
+	CompletionTokens *int `json:"completion_tokens"`
+	InputTokens      *int `json:"input_tokens"`
+	OutputTokens     *int `json:"output_tokens"`
+}
+
+func (u *usageJSON) counts() (tokenCounts, bool) {
+	if u == nil {
+		return tokenCounts{}, false
+	}
+	prompt, completion := u.PromptTokens, u.CompletionTokens
+	if prompt == nil {
+		prompt, completion = u.InputTokens, u.OutputTokens
+	}
+	if prompt == nil || *prompt < 0 || completion != nil && *completion < 0 {
+		return tokenCounts{}, false
+	}
+	c := tokenCounts{prompt: *prompt}
+	if completion != nil { // embeddings have none
+		c.completion = *completion
+	}
+	return c, true
+}
+
+// ServeHTTP asks a stream for its usage, then reads the usage from the answer on its way out.
+func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	strip := false
+	if hasJSONBody(r) {
+		body, err := bufferedBody(r, t.MaxSize)
+		if err != nil {
+			return bodyReadError("token_usage", t.MaxSize, err, t.logger)
+		}
+		if doc, prefix, kind := engineJSON(body); kind == docObject {
+			if rewritten, added := withStreamUsage(doc); added {
+				if prefix > 0 { // keep the byte order mark, which the engine skips
+					rewritten = append(body[:prefix:prefix], rewritten...)
+				}
+				replaceBody(r, rewritten)
+				strip = true
+			}
+		}
+	}
+	rec := &usageRecorder{ResponseWriter: w, strip: strip, maxAnswer: t.MaxAnswer}
+	// Deferred: a client that hangs up right after the last event makes reverse_proxy abort, and the
+	// access log is still written.
+	defer rec.log(r)
+	err := next.ServeHTTP(rec, r)
+	if ferr := rec.finish(); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// lastMember returns the value of the last top-level member called name of the object doc (the one
+// the engine's JSON parser keeps), or nil.
+func lastMember(doc []byte, name string) []byte {
+	var value []byte
+	members(doc, func(m member) {
+		if isName(m.name, name) {
+			value = doc[m.start:m.end]
+		}
+	})
+	return value
+}
+
+// withStreamUsage returns doc with "stream_options"."include_usage" set to true, and true, when doc
+// asks for a stream ("stream": true) without asking for its usage; otherwise doc and false. A
+// stream_options that is neither an object nor null is left for the engine to refuse.
+func withStreamUsage(doc []byte) ([]byte, bool) {
+	if stream := lastMember(doc, "stream"); stream == nil || string(stream) != "true" {
+		return doc, false
+	}
+	options := lastMember(doc, "stream_options")
+	switch {
+	case options == nil || string(options) == "null":
+		options = []byte(`{"include_usage":true}`)
+	case options[0] == '{':
+		if string(lastMember(options, "include_usage")) == "true" {
+			return doc, false
+		}
+		options = withMember(options, "include_usage", []byte("true"))
+	default:
+		return doc, false
+	}
+	return withMember(doc, "stream_options", options), true
+}
+
+// usageRecorder passes an answer through to the client and reads its usage on the way.
+type usageRecorder struct {
+	http.ResponseWriter
+	strip     bool  // take the usage-only chunk out of a stream (the client did not ask for it)
+	maxAnswer int64 // the most bytes of a JSON answer kept
+
+	wroteHeader bool
+	mode        answerMode
+	pending     []byte       // a stream's incomplete event
+	answer      bytes.Buffer // a JSON answer, up to maxAnswer
+	overflow    bool
+	usage       tokenCounts
+	found       bool
+}
+
+type answerMode int
+
+const (
+	answerOther answerMode = iota // not read: an error, or a type without usage
+	answerJSON
+	answerEvents
+)
+
+func (u *usageRecorder) WriteHeader(status int) {
+	if !u.wroteHeader && status >= 200 { // 1xx informational answers come before the real one
+		u.wroteHeader = true
+		if status < 300 {
+			mediaType, _, _ := strings.Cut(u.Header().Get("Content-Type"), ";")
+			switch strings.ToLower(strings.TrimSpace(mediaType)) {
+			case "application/json":
+				u.mode = answerJSON
+			case "text/event-stream":
+				u.mode = answerEvents
+			}
+		}
+	}
+	u.ResponseWriter.WriteHeader(status)
+}
+
+func (u *usageRecorder) Write(p []byte) (int, error) {
+	if !u.wroteHeader {
+		u.WriteHeader(http.StatusOK)
+	}
+	switch u.mode {
+	case answerJSON:
+		if !u.overflow {
+			if int64(u.answer.Len()+len(p)) > u.maxAnswer {
+				u.overflow = true
+				u.answer = bytes.Buffer{}
+			} else {
+				u.answer.Write(p)
+			}
+		}
+	case answerEvents:
+		u.pending = append(u.pending, p...)
+		end := lastEventEnd(u.pending)
+		if end == 0 {
+			return len(p), nil
+		}
+		out := u.events(u.pending[:end])
+		u.pending = append(u.pending[:0], u.pending[end:]...)
+		if len(out) > 0 {
+			if _, err := u.ResponseWriter.Write(out); err != nil {
+				return 0, err
+			}
+		}
+		return len(p), nil
+	}
+	return u.ResponseWriter.Write(p)
+}
+
+// Flush sends what has been written to the client (an incomplete event stays until it is whole).
+// Found by http.ResponseController before Unwrap, so reverse_proxy's flushes come through here.
+func (u *usageRecorder) Flush() {
+	_ = http.NewResponseController(u.ResponseWriter).Flush()
+}
+
+// Unwrap gives http.ResponseController the writer underneath for everything else.
+func (u *usageRecorder) Unwrap() http.ResponseWriter { return u.ResponseWriter }
+
+// lastEventEnd returns the index just past the last blank line ("\n\n" or "\r\n\r\n") in b, 0 if none.
+func lastEventEnd(b []byte) int {
+	i := bytes.LastIndex(b, []byte("\n\n"))
+	j := bytes.LastIndex(b, []byte("\n\r\n"))
+	switch {
+	case i < 0 && j < 0:
+		return 0
+	case i > j:
+		return i + 2
+	default:
+		return j + 3
+	}
+}
+
+// events reads the usage from each complete event in b and returns the bytes to send on: all of b,
+// or b without the usage-only chunk when stripping.
+func (u *usageRecorder) events(b []byte) []byte {
+	var out []byte
+	rest := b
+	for len(rest) > 0 {
+		end := firstEventEnd(rest)
+		event := rest[:end]
+		rest = rest[end:]
+		if u.event(event) {
+			out = append(out, event...)
+		}
+	}
+	return out
+}
+
+// firstEventEnd returns the index just past the first blank line in b, len(b) if none.
+func firstEventEnd(b []byte) int {
+	i := bytes.Index(b, []byte("\n\n"))
+	j := bytes.Index(b, []byte("\n\r\n"))
+	switch {
+	case i < 0 && j < 0:
+		return len(b)
+	case j < 0 || i >= 0 && i < j:
+		return i + 2
+	default:
+		return j + 3
+	}
+}
+
+// event reads one event's usage and reports whether it goes on to the client.
+func (u *usageRecorder) event(event []byte) bool {
+	var data []byte
+	for _, line := range bytes.Split(event, []byte("\n")) {
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if payload, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data = append(data, bytes.TrimPrefix(payload, []byte(" "))...)
+		}
+	}
+	if len(data) == 0 || data[0] != '{' {
+		return true // [DONE], comments, keep-alives
+	}
+	var chunk struct {
+		Choices  *[]json.RawMessage `json:"choices"`
+		Usage    *usageJSON         `json:"usage"`
+		Type     string             `json:"type"`
+		Response *struct {
+			Usage *usageJSON `json:"usage"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(data, &chunk) != nil {
+		return true
+	}
+	usage := chunk.Usage
+	if chunk.Type == "response.completed" && chunk.Response != nil {
+		usage = chunk.Response.Usage
+	}
+	if counts, ok := usage.counts(); ok {
+		u.usage, u.found = counts, true
+		if u.strip && chunk.Choices != nil && len(*chunk.Choices) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// finish sends an incomplete last event as it is and reads a JSON answer's usage.
+func (u *usageRecorder) finish() error {
+	if len(u.pending) > 0 {
+		pending := u.pending
+		u.pending = nil
+		if _, err := u.ResponseWriter.Write(pending); err != nil {
+			return err
+		}
+	}
+	if u.mode == answerJSON && !u.overflow && u.answer.Len() > 0 {
+		var answer struct {
+			Usage *usageJSON `json:"usage"`
+		}
+		if json.Unmarshal(u.answer.Bytes(), &answer) == nil {
+			if counts, ok := answer.Usage.counts(); ok {
+				u.usage, u.found = counts, true
+			}
+		}
+	}
+	return nil
+}
+
+// log puts the usage in the request's access-log entry.
+func (u *usageRecorder) log(r *http.Request) {
+	if !u.found {
+		return
+	}
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok && extra != nil {
+		extra.Set(zap.Int(PromptTokensLogField, u.usage.prompt))
+		extra.Set(zap.Int(CompletionTokensLogField, u.usage.completion))
+	}
+}
+
+// UnmarshalCaddyfile reads
+//
+//	token_usage [{
+//		max_size <bytes>
+//		max_answer <bytes>
+//	}]
+func (t *TokenUsage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		option := d.Val()
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		n, err := strconv.ParseInt(d.Val(), 10, 64)
+		if err != nil || n < 1 {
+			return d.Errf("%s %q must be a whole number of bytes >= 1", option, d.Val())
+		}
+		switch option {
+		case "max_size":
+			t.MaxSize = n
+		case "max_answer":
+			t.MaxAnswer = n
+		default:
+			return d.Errf("unknown token_usage option %q (max_size, max_answer)", option)
+		}
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	return nil
+}
+
+func parseTokenUsageCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	t := new(TokenUsage)
+	err := t.UnmarshalCaddyfile(helper.Dispenser)
+	return t, err
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*TokenUsage)(nil)
+	_ caddy.Validator             = (*TokenUsage)(nil)
+	_ caddyhttp.MiddlewareHandler = (*TokenUsage)(nil)
+	_ caddyfile.Unmarshaler       = (*TokenUsage)(nil)
+	_ http.Flusher                = (*usageRecorder)(nil)
+)

@@ -1,0 +1,206 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// usageEngine answers as vLLM's OpenAI server does: a JSON answer with "usage", or, for "stream": true,
+// server-sent events written a few bytes at a time (so events arrive split), with the usage-only chunk
+// (empty choices) only when stream_options.include_usage is true. It records the bodies it got.
+type usageEngine struct {
+	*httptest.Server
+	bodies chan string
+}
+
+const (
+	doublePrompt     = 17
+	doubleCompletion = 3
+)
+
+func newUsageEngine(t *testing.T) *usageEngine {
+	e := &usageEngine{bodies: make(chan string, 16)}
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		e.bodies <- string(raw)
+		var req struct {
+			Stream        bool `json:"stream"`
+			StreamOptions struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		_ = json.Unmarshal(raw, &req)
+		usage := fmt.Sprintf(`{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}`,
+			doublePrompt, doublePrompt+doubleCompletion, doubleCompletion)
+		switch {
+		case r.URL.Path == "/v1/bad":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"no"},"usage":`+usage+`}`)
+		case r.URL.Path == "/v1/responses" && req.Stream:
+			w.Header().Set("Content-Type", "text/event-stream")
+			writeSlowly(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n"+
+				"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":"+
+				"{\"input_tokens\":11,\"output_tokens\":5,\"total_tokens\":16}}}\n\n")
+		case r.URL.Path == "/v1/responses":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"object":"response","usage":{"input_tokens":11,"output_tokens":5,"total_tokens":16}}`)
+		case req.Stream:
+			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+			events := `data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hel"}}]}` + "\n\n" +
+				`data: {"id":"c","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}` + "\n\n"
+			if req.StreamOptions.IncludeUsage {
+				events += `data: {"id":"c","choices":[],"usage":` + usage + "}\n\n"
+			}
+			writeSlowly(w, events+"data: [DONE]\n\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"c","choices":[{"index":0,"message":{"content":"Hello"}}],"usage":`+usage+`}`)
+		}
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+// writeSlowly writes s in pieces of 7 bytes, flushing each, as a stream crosses the network.
+func writeSlowly(w http.ResponseWriter, s string) {
+	for len(s) > 0 {
+		n := min(7, len(s))
+		_, _ = io.WriteString(w, s[:n])
+		w.(http.Flusher).Flush()
+		s = s[n:]
+	}
+}
+
+// usageGateway runs token_usage before reverse_proxy to engine in a real Caddy with a JSON access log.
+func usageGateway(t *testing.T, engine *usageEngine) (*http.Client, string) {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), "access.log")
+	client, _ := frontGateway(t, fmt.Sprintf(`http:// {
+	bind unix/{socket}
+	log {
+		output file %s
+		format json
+	}
+	route {
+		token_usage
+		reverse_proxy %s {
+			flush_interval -1
+		}
+	}
+}`, logPath, engine.Listener.Addr().String()))
+	return client, logPath
+}
+
+func tokensLogged(entry map[string]any) (any, any) {
+	return entry[PromptTokensLogField], entry[CompletionTokensLogField]
+}
+
+// Chat and completions, streamed or not, log the engine's usage; a stream the client did not ask usage
+// for is asked for it, and the usage-only chunk is taken out before the client sees it, every other
+// event whole and in order; a client that asked keeps it and its body is forwarded as sent.
+func TestTokenUsageLogsTheEnginesCounts(t *testing.T) {
+	engine := newUsageEngine(t)
+	client, logPath := usageGateway(t, engine)
+	cases := []struct {
+		id, path, body  string
+		wantForwarded   string // "" = the client's body unchanged
+		wantUsageChunk  bool
+		wantPrompt      float64
+		wantCompletion  float64
+		wantEventsCount int
+	}{
+		{"chat", "/v1/chat/completions", `{"model":"m","messages":[]}`, "", false, doublePrompt, doubleCompletion, 0},
+		{"completions", "/v1/completions", `{"model":"m","prompt":"x","stream":false}`, "", false, doublePrompt, doubleCompletion, 0},
+		{"stream", "/v1/chat/completions", `{"model":"m", "stream": true, "messages":[]}`,
+			`{"stream_options":{"include_usage":true},"model":"m", "stream": true, "messages":[]}`, false, doublePrompt, doubleCompletion, 3},
+		{"stream-options", "/v1/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":false},"prompt":"x"}`,
+			`{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false},"prompt":"x"}`, false, doublePrompt, doubleCompletion, 3},
+		{"stream-null-options", "/v1/completions", `{"stream":true,"stream_options":null}`,
+			`{"stream":true,"stream_options":{"include_usage":true}}`, false, doublePrompt, doubleCompletion, 3},
+		{"stream-asked", "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true}}`, "", true, doublePrompt, doubleCompletion, 4},
+		{"responses", "/v1/responses", `{"input":"x"}`, "", false, 11, 5, 0},
+		{"responses-stream", "/v1/responses", `{"input":"x","stream":true,"stream_options":{"include_usage":true}}`, "", false, 11, 5, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.id, func(t *testing.T) {
+			got := post(context.Background(), client, "", c.path, c.body, "X-Request-Id", c.id)
+			if got.status != http.StatusOK {
+				t.Fatalf("answer %d %q", got.status, got.body)
+			}
+			forwarded := <-engine.bodies
+			if want := c.body; c.wantForwarded != "" {
+				want = c.wantForwarded
+				if forwarded != want {
+					t.Fatalf("engine got %s, want %s", forwarded, want)
+				}
+			} else if forwarded != want {
+				t.Fatalf("engine got %s, want the client's %s", forwarded, want)
+			}
+			if c.wantEventsCount > 0 {
+				events := strings.Split(strings.TrimSuffix(got.body, "\n\n"), "\n\n")
+				if len(events) != c.wantEventsCount {
+					t.Fatalf("client got %d events, want %d: %q", len(events), c.wantEventsCount, got.body)
+				}
+				if has := strings.Contains(got.body, `"choices":[],"usage"`); has != c.wantUsageChunk {
+					t.Fatalf("usage-only chunk at the client: %v, want %v: %q", has, c.wantUsageChunk, got.body)
+				}
+				if strings.HasPrefix(c.path, "/v1/c") && !strings.HasSuffix(got.body, "data: [DONE]\n\n") {
+					t.Fatalf("stream does not end with [DONE]: %q", got.body)
+				}
+			}
+			prompt, completion := tokensLogged(accessLogEntries(t, logPath, c.id))
+			if prompt != c.wantPrompt || completion != c.wantCompletion {
+				t.Fatalf("logged prompt %v completion %v, want %v and %v", prompt, completion, c.wantPrompt, c.wantCompletion)
+			}
+		})
+	}
+}
+
+// An error answer is not counted, even one that carries a "usage"; neither is a request whose body is
+// not JSON to the engine (forwarded unchanged).
+func TestTokenUsageCountsOnlyServedAnswers(t *testing.T) {
+	engine := newUsageEngine(t)
+	client, logPath := usageGateway(t, engine)
+	if got := post(context.Background(), client, "", "/v1/bad", `{"stream":true}`, "X-Request-Id", "bad"); got.status != http.StatusBadRequest {
+		t.Fatalf("answer %d %q, want the engine's 400", got.status, got.body)
+	}
+	<-engine.bodies
+	for _, id := range []string{"bad"} {
+		if prompt, completion := tokensLogged(accessLogEntries(t, logPath, id)); prompt != nil || completion != nil {
+			t.Fatalf("%s: logged %v and %v, want no token fields", id, prompt, completion)
+		}
+	}
+	invalid := `{"stream":true,` // the engine answers its own 400; here the double answers 200 without usage
+	post(context.Background(), client, "", "/v1/chat/completions", invalid, "X-Request-Id", "invalid")
+	if forwarded := <-engine.bodies; forwarded != invalid {
+		t.Fatalf("an invalid body was changed: %q", forwarded)
+	}
+}
+
+func TestTokenUsageCaddyfile(t *testing.T) {
+	for _, bad := range []string{"token_usage extra", "token_usage {\n max_size 0\n}", "token_usage {\n max_answer x\n}",
+		"token_usage {\n colour red\n}"} {
+		if _, err := parseTokenUsage(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+	u, err := parseTokenUsage("token_usage {\n max_size 10\n max_answer 20\n}")
+	if err != nil || u.MaxSize != 10 || u.MaxAnswer != 20 {
+		t.Fatalf("%+v %v", u, err)
+	}
+}
+
+func parseTokenUsage(text string) (*TokenUsage, error) {
+	u := new(TokenUsage)
+	return u, u.UnmarshalCaddyfile(caddyfile.NewTestDispenser(text))
+}
