@@ -203,7 +203,7 @@ def chat_as(base_url: str, ca_file: str, key: str, max_tokens: int, request_id: 
 
 
 def test_a_user_past_their_daily_token_budget_is_refused_until_midnight_utc(host, base_url, ca_file, keys):
-    """hana's budget is 30 tokens a day. Each answer tells her his tokens today (the engine's usage, a
+    """hana's budget is 30 tokens a day. Each answer tells her her tokens today (the engine's usage, a
     stream's included: the gateway asks the engine for it and keeps the usage chunk from her); at 33 she
     gets 429 token_budget_exceeded naming the budget and the reset, with Retry-After until 00:00 UTC, while
     bob is served; /v1/me shows it; a restart of the gateway keeps the count."""
