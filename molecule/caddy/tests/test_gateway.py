@@ -170,9 +170,13 @@ def test_each_user_sees_their_own_limits_and_the_gateways_state(base_url, ca_fil
     me = raw(base_url, ca_file, "/v1/me", keys["bob"])
     assert me.status_code == 200 and me.headers["content-type"].startswith("application/json"), me.text
     assert me.headers["cache-control"] == "no-store"
-    assert me.json() == {"object": "teamserve.me", "user": "bob", "lane": "interactive",
-                         "max_in_flight_sequences": 8, "rate_limit": {"events": 1000, "window": "1m"},
-                         "key_expires_at": 0, "gateway": {"state": "serving", "retry_after_seconds": None}}
+    mine = me.json()
+    tokens = mine.pop("tokens")
+    assert mine == {"object": "teamserve.me", "user": "bob", "lane": "interactive",
+                    "max_in_flight_sequences": 8, "rate_limit": {"events": 1000, "window": "1m"},
+                    "key_expires_at": 0, "gateway": {"state": "serving", "retry_after_seconds": None}}
+    midnight = (int(time.time()) // 86400 + 1) * 86400  # the next 00:00 UTC
+    assert tokens["per_day"] == 0 and tokens["used_today"] >= 0 and tokens["resets_at"] in (midnight, midnight + 86400)
     assert raw(base_url, ca_file, "/v1/me", keys["grace"]).json()["rate_limit"] == {"events": 3, "window": "1m"}
     assert_openai_error(raw(base_url, ca_file, "/v1/me"), 401, "invalid_api_key")
     answer = httpx.post(base_url + "/chat/completions", verify=ca_file, timeout=30,
@@ -189,6 +193,55 @@ def test_each_user_sees_their_own_limits_and_the_gateways_state(base_url, ca_fil
     finally:
         run_converge({"caddy_state": "serving"}, playbook=SCENARIO / "state.yml")
     assert raw(base_url, ca_file, "/v1/me", keys["bob"]).json()["gateway"]["state"] == "serving"
+
+
+def chat_as(base_url: str, ca_file: str, key: str, max_tokens: int, request_id: str = "", **extra) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}", **({"X-Request-Id": request_id} if request_id else {})}
+    return httpx.post(base_url + "/chat/completions", verify=ca_file, timeout=30, headers=headers,
+                      json={"model": "fixture", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "Hi"}],
+                            **extra})
+
+
+def test_a_user_past_their_daily_token_budget_is_refused_until_midnight_utc(host, base_url, ca_file, keys):
+    """hana's budget is 30 tokens a day. Each answer tells her her tokens today (the engine's usage, a
+    stream's included: the gateway asks the engine for it and keeps the usage chunk from her); at 33 she
+    gets 429 token_budget_exceeded naming the budget and the reset, with Retry-After until 00:00 UTC, while
+    bob is served; /v1/me shows it; a restart of the gateway keeps the count."""
+    first = chat_as(base_url, ca_file, keys["hana"], 10)  # 1 prompt + 10 completion tokens
+    assert first.status_code == 200 and first.headers["x-teamserve-tokens-per-day"] == "30", first.text
+    before = int(first.headers["x-teamserve-tokens-today"])
+    stream = chat_as(base_url, ca_file, keys["hana"], 10, stream=True)
+    assert stream.status_code == 200 and int(stream.headers["x-teamserve-tokens-today"]) == before + 11
+    events = [line for line in stream.text.splitlines() if line.startswith("data: {")]
+    assert len(events) == 10 and '"usage"' not in stream.text, stream.text  # no usage chunk he did not ask for
+    asked = chat_as(base_url, ca_file, keys["hana"], 10, stream=True, stream_options={"include_usage": True})
+    assert '"choices": [], "usage"' in asked.text and int(asked.headers["x-teamserve-tokens-today"]) == before + 22
+    refused_id = str(uuid.uuid4())
+    refused = chat_as(base_url, ca_file, keys["hana"], 1, refused_id)
+    assert_openai_error(refused, 429, "token_budget_exceeded")
+    message = refused.json()["error"]["message"]
+    assert f"used {before + 33} of its 30 tokens" in message and "T00:00:00Z" in message, message
+    midnight = (int(time.time()) // 86400 + 1) * 86400
+    assert 0 < int(refused.headers["retry-after"]) <= midnight - int(time.time()) + 2
+    assert chat_as(base_url, ca_file, keys["bob"], 1).status_code == 200  # others are served
+    me = raw(base_url, ca_file, "/v1/me", keys["hana"]).json()["tokens"]
+    assert me == {"per_day": 30, "used_today": before + 33, "resets_at": midnight}
+    entry = access_log_entry(host, refused_id)
+    assert (entry["user"], entry["status"], entry["refused"]) == ("hana", 429, "token_budget_exceeded")
+    assert host.run("systemctl restart caddy").rc == 0
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            again = chat_as(base_url, ca_file, keys["hana"], 1)
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the gateway did not come back after its restart"
+            time.sleep(0.5)
+    assert_openai_error(again, 429, "token_budget_exceeded")
+    assert f"used {before + 33} of its 30 tokens" in again.json()["error"]["message"]
+    ledger = json.loads(host.file("/var/lib/caddy/teamserve-tokens.json").content_string)
+    assert ledger["tokens"]["hana"] == before + 33
+    assert host.file("/var/lib/caddy/teamserve-tokens.json").mode == 0o600
 
 
 def test_server_full_gets_503_with_retry_after(base_url, ca_file, keys, gateway_vars):

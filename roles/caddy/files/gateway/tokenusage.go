@@ -1,13 +1,27 @@
 // token_usage is a Caddy HTTP handler that reads the engine's own token counts from each answer and
 // puts them in the request's access-log entry as "prompt_tokens" and "completion_tokens" (integers),
-// where the monitoring role's mtail program counts them per user.
+// where the monitoring role's mtail program counts them per user; with a ledger, it also keeps each
+// key's tokens of the day (UTC) and refuses a key past its daily budget.
 //
 // Caddyfile (inside the route, just before reverse_proxy):
 //
 //	token_usage [{
-//		max_size   <bytes>   # the most request body bytes read (default 64 MiB; larger: 413)
-//		max_answer <bytes>   # the most bytes of a non-streamed answer kept to read its usage (default 4 MiB)
+//		max_size       <bytes>        # the most request body bytes read (default 64 MiB; larger: 413)
+//		max_answer     <bytes>        # the most bytes of a non-streamed answer kept to read its usage (default 4 MiB)
+//		key            <placeholder>  # whose tokens, e.g. {teamserve_user}; needs ledger
+//		ledger         <file>         # where the day's counts per key are kept (tokenbudget.go)
+//		tokens_per_day <n|placeholder> # the key's daily budget, prompt + completion tokens; 0 = none
 //	}]
+//
+// Budget: a request of a key whose tokens today are at or past its tokens_per_day is answered at once
+// with 429 and an OpenAI-style error (type "tokens", code "token_budget_exceeded") naming the budget
+// and the reset time (00:00 UTC), with Retry-After the seconds until then; its access-log entry gets
+// "refused": "token_budget_exceeded". The check is made when a request arrives and the tokens are
+// counted when its answer ends, so requests already running may take a key past its budget by what
+// they use. Every answer of a key with a ledger carries X-Teamserve-Tokens-Today (its tokens today
+// before this request) and, with a budget, X-Teamserve-Tokens-Per-Day; the same figures are the
+// placeholders {token_usage.tokens_today} and {token_usage.resets_at} (Unix seconds) for the handlers
+// after it (e.g. a respond that tells users where they stand; without tokens_per_day, nothing is refused).
 //
 // What is read, in vLLM's and OpenAI's shapes:
 //
@@ -38,9 +52,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -71,9 +87,27 @@ type TokenUsage struct {
 	MaxSize int64 `json:"max_size,omitempty"`
 	// MaxAnswer is the most bytes of a non-streamed answer kept to read its usage. Default DefaultMaxAnswer.
 	MaxAnswer int64 `json:"max_answer,omitempty"`
+	// Key names whose tokens a request's are (placeholders, expanded per request). Needs Ledger.
+	Key string `json:"key,omitempty"`
+	// Ledger is the file the day's tokens per key are kept in. Needs Key.
+	Ledger string `json:"ledger,omitempty"`
+	// TokensPerDay is the key's budget of prompt + completion tokens per UTC day: an integer >= 0 (0 =
+	// none), or placeholders that expand to one per request. Needs Key and Ledger.
+	TokensPerDay string `json:"tokens_per_day,omitempty"`
 
 	logger *zap.Logger
+	ledger *tokenLedger
 }
+
+// Placeholders token_usage sets with a ledger: the key's tokens today before this request, and when the
+// day's counts start again (Unix seconds).
+const (
+	TokensTodayPlaceholder = "token_usage.tokens_today"
+	TokensResetPlaceholder = "token_usage.resets_at"
+)
+
+// TokenBudgetCode is the error code (and access-log "refused" value) of a request past its key's budget.
+const TokenBudgetCode = "token_budget_exceeded"
 
 // CaddyModule returns the Caddy module information.
 func (TokenUsage) CaddyModule() caddy.ModuleInfo {
@@ -92,7 +126,28 @@ func (t *TokenUsage) Provision(ctx caddy.Context) error {
 	if t.MaxAnswer == 0 {
 		t.MaxAnswer = DefaultMaxAnswer
 	}
-	return t.Validate()
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	if t.Ledger != "" {
+		value, _, err := ledgers.LoadOrNew(t.Ledger, func() (caddy.Destructor, error) {
+			return loadLedger(t.Ledger, t.logger, time.Now), nil
+		})
+		if err != nil {
+			return err
+		}
+		t.ledger = value.(*tokenLedger)
+	}
+	return nil
+}
+
+// Cleanup drops this config's reference to the ledger (the last one writes it).
+func (t *TokenUsage) Cleanup() error {
+	if t.ledger != nil {
+		_, err := ledgers.Delete(t.Ledger)
+		return err
+	}
+	return nil
 }
 
 // Validate reports configuration errors (also run by Provision).
@@ -103,7 +158,30 @@ func (t *TokenUsage) Validate() error {
 	if t.MaxAnswer < 0 {
 		return fmt.Errorf("token_usage: max_answer %d must be >= 1 byte", t.MaxAnswer)
 	}
+	if (t.Key == "") != (t.Ledger == "") {
+		return fmt.Errorf("token_usage: key and ledger go together (key %q, ledger %q)", t.Key, t.Ledger)
+	}
+	if t.TokensPerDay != "" && t.Key == "" {
+		return fmt.Errorf("token_usage: tokens_per_day needs key and ledger")
+	}
+	if t.TokensPerDay != "" && !strings.Contains(t.TokensPerDay, "{") {
+		if _, err := parseTokens(t.TokensPerDay); err != nil {
+			return fmt.Errorf("token_usage: tokens_per_day %q: %v", t.TokensPerDay, err)
+		}
+	}
 	return nil
+}
+
+// parseTokens reads a token count >= 0.
+func parseTokens(s string) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("not an integer")
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("must be >= 0")
+	}
+	return n, nil
 }
 
 // tokenCounts is an answer's usage, in tokens.
@@ -137,8 +215,33 @@ func (u *usageJSON) counts() (tokenCounts, bool) {
 	return c, true
 }
 
-// ServeHTTP asks a stream for its usage, then reads the usage from the answer on its way out.
+// ServeHTTP refuses a key past its budget, asks a stream for its usage, then reads the usage from the
+// answer on its way out.
 func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	key := ""
+	if t.ledger != nil {
+		repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		key = repl.ReplaceAll(t.Key, "")
+		used, reset := t.ledger.used(key)
+		w.Header().Set("X-Teamserve-Tokens-Today", strconv.FormatInt(used, 10))
+		repl.Set(TokensTodayPlaceholder, used)
+		repl.Set(TokensResetPlaceholder, reset.Unix())
+		if t.TokensPerDay != "" {
+			budgetText := repl.ReplaceAll(t.TokensPerDay, "")
+			budget, err := parseTokens(budgetText)
+			if err != nil { // a config error: fail closed, say why in the log
+				t.logger.Error("token_usage: unusable tokens_per_day", zap.String("tokens_per_day", budgetText), zap.Error(err))
+				return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("token_usage: tokens_per_day %q: %v", budgetText, err))
+			}
+			if budget > 0 {
+				w.Header().Set("X-Teamserve-Tokens-Per-Day", strconv.FormatInt(budget, 10))
+				if used >= budget {
+					logRefusal(r, TokenBudgetCode)
+					return refuseTokenBudget(w, used, budget, reset, t.ledger.now())
+				}
+			}
+		}
+	}
 	strip := false
 	if hasJSONBody(r) {
 		body, err := bufferedBody(r, t.MaxSize)
@@ -158,12 +261,26 @@ func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 	rec := &usageRecorder{ResponseWriter: w, strip: strip, maxAnswer: t.MaxAnswer}
 	// Deferred: a client that hangs up right after the last event makes reverse_proxy abort, and the
 	// access log is still written.
-	defer rec.log(r)
+	defer func() {
+		rec.log(r)
+		if t.ledger != nil && rec.found {
+			t.ledger.add(key, int64(rec.usage.prompt)+int64(rec.usage.completion))
+		}
+	}()
 	err := next.ServeHTTP(rec, r)
 	if ferr := rec.finish(); err == nil {
 		err = ferr
 	}
 	return err
+}
+
+// refuseTokenBudget writes the 429 for a key at or past its daily budget.
+func refuseTokenBudget(w http.ResponseWriter, used, budget int64, reset, now time.Time) error {
+	wait := int(math.Ceil(reset.Sub(now).Seconds()))
+	message := fmt.Sprintf("This API key has used %d of its %d tokens for today (prompt and completion tokens, "+
+		"UTC day); the budget resets at %s. Retry after the number of seconds in the Retry-After header, or ask "+
+		"the admin for a larger tokens_per_day.", used, budget, reset.UTC().Format(time.RFC3339))
+	return writeOpenAIError(w, http.StatusTooManyRequests, message, "tokens", "", TokenBudgetCode, max(1, wait))
 }
 
 // lastMember returns the value of the last top-level member called name of the object doc (the one
@@ -398,6 +515,9 @@ func (u *usageRecorder) log(r *http.Request) {
 //	token_usage [{
 //		max_size <bytes>
 //		max_answer <bytes>
+//		key <placeholder>
+//		ledger <file>
+//		tokens_per_day <n|placeholder>
 //	}]
 func (t *TokenUsage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
@@ -409,17 +529,26 @@ func (t *TokenUsage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if !d.NextArg() {
 			return d.ArgErr()
 		}
-		n, err := strconv.ParseInt(d.Val(), 10, 64)
-		if err != nil || n < 1 {
-			return d.Errf("%s %q must be a whole number of bytes >= 1", option, d.Val())
-		}
+		value := d.Val()
 		switch option {
-		case "max_size":
-			t.MaxSize = n
-		case "max_answer":
-			t.MaxAnswer = n
+		case "max_size", "max_answer":
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil || n < 1 {
+				return d.Errf("%s %q must be a whole number of bytes >= 1", option, value)
+			}
+			if option == "max_size" {
+				t.MaxSize = n
+			} else {
+				t.MaxAnswer = n
+			}
+		case "key":
+			t.Key = value
+		case "ledger":
+			t.Ledger = value
+		case "tokens_per_day":
+			t.TokensPerDay = value
 		default:
-			return d.Errf("unknown token_usage option %q (max_size, max_answer)", option)
+			return d.Errf("unknown token_usage option %q (max_size, max_answer, key, ledger, tokens_per_day)", option)
 		}
 		if d.NextArg() {
 			return d.ArgErr()
@@ -438,6 +567,7 @@ func parseTokenUsageCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.Middleware
 var (
 	_ caddy.Provisioner           = (*TokenUsage)(nil)
 	_ caddy.Validator             = (*TokenUsage)(nil)
+	_ caddy.CleanerUpper          = (*TokenUsage)(nil)
 	_ caddyhttp.MiddlewareHandler = (*TokenUsage)(nil)
 	_ caddyfile.Unmarshaler       = (*TokenUsage)(nil)
 	_ http.Flusher                = (*usageRecorder)(nil)

@@ -7,11 +7,16 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
 )
 
 // usageEngine answers as vLLM's OpenAI server does: a JSON answer with "usage", or, for "stream": true,
@@ -203,4 +208,119 @@ func TestTokenUsageCaddyfile(t *testing.T) {
 func parseTokenUsage(text string) (*TokenUsage, error) {
 	u := new(TokenUsage)
 	return u, u.UnmarshalCaddyfile(caddyfile.NewTestDispenser(text))
+}
+
+// budgetGateway is usageGateway with a ledger and a budget per X-User.
+func budgetGateway(t *testing.T, engine *usageEngine, ledger string, budget string) *http.Client {
+	t.Helper()
+	client, _ := frontGateway(t, fmt.Sprintf(`http:// {
+	bind unix/{socket}
+	route {
+		token_usage {
+			key {http.request.header.X-User}
+			ledger %s
+			tokens_per_day %s
+		}
+		reverse_proxy %s
+	}
+}`, ledger, budget, engine.Listener.Addr().String()))
+	return client
+}
+
+func askAs(client *http.Client, user string) (*http.Response, string) {
+	req, _ := http.NewRequest(http.MethodPost, "http://gateway/v1/chat/completions", strings.NewReader(`{"messages":[]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-User", user)
+	resp, err := client.Do(req)
+	if err != nil {
+		return &http.Response{StatusCode: 0, Header: http.Header{}}, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp, string(body)
+}
+
+// A key past its daily budget gets 429 token_budget_exceeded naming the budget and the reset, with
+// Retry-After until 00:00 UTC, while another key is served; each answer says the key's tokens today;
+// the counts survive a stop and a new start of the gateway (the ledger file).
+func TestTokenBudgetRefusesOnlyTheKeyPastIt(t *testing.T) {
+	engine := newUsageEngine(t)
+	go func() { // the double's bodies are not read here
+		for range engine.bodies {
+		}
+	}()
+	ledger := filepath.Join(t.TempDir(), "tokens.json")
+	client := budgetGateway(t, engine, ledger, "{http.request.header.X-Budget}45")
+	perAnswer := doublePrompt + doubleCompletion // 20
+	for i, want := range []int{0, perAnswer, 2 * perAnswer} {
+		resp, body := askAs(client, "alice")
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Teamserve-Tokens-Today") != fmt.Sprint(want) ||
+			resp.Header.Get("X-Teamserve-Tokens-Per-Day") != "45" {
+			t.Fatalf("answer %d: %d %q, tokens today %q of %q, want 200 with %d of 45", i, resp.StatusCode, body,
+				resp.Header.Get("X-Teamserve-Tokens-Today"), resp.Header.Get("X-Teamserve-Tokens-Per-Day"), want)
+		}
+	}
+	resp, body := askAs(client, "alice") // 60 used >= 45
+	var refusal openAIError
+	_ = json.Unmarshal([]byte(body), &refusal)
+	if resp.StatusCode != http.StatusTooManyRequests || refusal.Error.Code != TokenBudgetCode || refusal.Error.Type != "tokens" ||
+		!strings.Contains(refusal.Error.Message, "used 60 of its 45 tokens") || !strings.Contains(refusal.Error.Message, "T00:00:00Z") {
+		t.Fatalf("past the budget: %d %q, want 429 %s naming 60 of 45 and the reset", resp.StatusCode, body, TokenBudgetCode)
+	}
+	if wait, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || wait < 1 || wait > 86400 {
+		t.Fatalf("Retry-After %q, want the seconds until 00:00 UTC", resp.Header.Get("Retry-After"))
+	}
+	if resp, body := askAs(client, "bob"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("another key: %d %q, want 200", resp.StatusCode, body)
+	}
+
+	// Stop: the last config's Cleanup writes the file; a new gateway on the same ledger refuses alice.
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	var saved ledgerFile
+	data, _ := os.ReadFile(ledger)
+	if err := json.Unmarshal(data, &saved); err != nil || saved.Tokens["alice"] != int64(3*perAnswer) ||
+		saved.Tokens["bob"] != int64(perAnswer) || saved.Day != utcDay(time.Now()) {
+		t.Fatalf("ledger after the stop: %s (%v)", data, err)
+	}
+	client = budgetGateway(t, engine, ledger, "45")
+	if resp, body := askAs(client, "alice"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("after a restart: %d %q, want the budget still used", resp.StatusCode, body)
+	}
+	if resp, _ := askAs(client, "bob"); resp.StatusCode != http.StatusOK || resp.Header.Get("X-Teamserve-Tokens-Today") != fmt.Sprint(perAnswer) {
+		t.Fatalf("bob after a restart: %d, tokens today %q, want 200 and %d", resp.StatusCode, resp.Header.Get("X-Teamserve-Tokens-Today"), perAnswer)
+	}
+}
+
+// The day's counts start again at 00:00 UTC; a file of another day or a broken one starts from zero.
+func TestTokenLedgerDays(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tokens.json")
+	clock := time.Date(2026, 12, 5, 23, 59, 30, 0, time.UTC)
+	now := func() time.Time { return clock }
+	l := loadLedger(path, zap.NewNop(), now)
+	l.add("alice", 100)
+	if used, reset := l.used("alice"); used != 100 || !reset.Equal(time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("used %d reset %v", used, reset)
+	}
+	l.flush()
+	if again := loadLedger(path, zap.NewNop(), now); again.tokens["alice"] != 100 {
+		t.Fatalf("reloaded the same day: %v", again.tokens)
+	}
+	clock = clock.Add(time.Minute) // 00:00:30 the next day
+	if used, _ := l.used("alice"); used != 0 {
+		t.Fatalf("after midnight: %d, want 0", used)
+	}
+	if again := loadLedger(path, zap.NewNop(), now); len(again.tokens) != 0 {
+		t.Fatalf("yesterday's file: %v, want nothing", again.tokens)
+	}
+	_ = os.WriteFile(path, []byte("{not json"), 0o600)
+	if broken := loadLedger(path, zap.NewNop(), now); len(broken.tokens) != 0 || broken.day != "2026-12-06" {
+		t.Fatalf("broken file: %+v", broken)
+	}
+	_ = l.Destruct()
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("files left: %v, want only the ledger", entries)
+	}
 }
