@@ -206,7 +206,7 @@ def test_a_user_past_their_daily_token_budget_is_refused_until_midnight_utc(host
     """hana's budget is 30 tokens a day. Each answer tells her her tokens today (the engine's usage, a
     stream's included: the gateway asks the engine for it and keeps the usage chunk from her); at 33 she
     gets 429 token_budget_exceeded naming the budget and the reset, with Retry-After until 00:00 UTC, while
-    bob is served; /v1/me shows it; a restart of the gateway keeps the count."""
+    bob is served; /v1/me shows it; the ledger file holds it."""
     first = chat_as(base_url, ca_file, keys["hana"], 10)  # 1 prompt + 10 completion tokens
     assert first.status_code == 200 and first.headers["x-teamserve-tokens-per-day"] == "30", first.text
     before = int(first.headers["x-teamserve-tokens-today"])
@@ -228,19 +228,12 @@ def test_a_user_past_their_daily_token_budget_is_refused_until_midnight_utc(host
     assert me == {"per_day": 30, "used_today": before + 33, "resets_at": midnight}
     entry = access_log_entry(host, refused_id)
     assert (entry["user"], entry["status"], entry["refused"]) == ("hana", 429, "token_budget_exceeded")
-    assert host.run("systemctl restart caddy").rc == 0
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            again = chat_as(base_url, ca_file, keys["hana"], 1)
-            break
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, "the gateway did not come back after its restart"
-            time.sleep(0.5)
-    assert_openai_error(again, 429, "token_budget_exceeded")
-    assert f"used {before + 33} of its 30 tokens" in again.json()["error"]["message"]
-    ledger = json.loads(host.file("/var/lib/caddy/teamserve-tokens.json").content_string)
-    assert ledger["tokens"]["hana"] == before + 33
+    # The day's counts are kept for a restart (tests/test_users.py restarts the gateway last and asks again).
+    deadline = time.monotonic() + 10  # written within a second of a change
+    while json.loads(host.file("/var/lib/caddy/teamserve-tokens.json").content_string or "{}").get(
+            "tokens", {}).get("hana") != before + 33:
+        assert time.monotonic() < deadline, host.file("/var/lib/caddy/teamserve-tokens.json").content_string
+        time.sleep(0.5)
     assert host.file("/var/lib/caddy/teamserve-tokens.json").mode == 0o600
 
 
