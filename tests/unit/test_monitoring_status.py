@@ -5,17 +5,15 @@ stand-in answering the role's own queries."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import pathlib
 import subprocess
 import sys
-import threading
-import urllib.parse
 from collections.abc import Iterator
 
 import pytest
 import yaml
+from prometheus_stand_in import serve
 from repo_modules import REPO, load
 
 status = load("monitoring_status", "roles/monitoring/filter_plugins/monitoring_status.py")
@@ -88,26 +86,12 @@ def prometheus() -> Iterator[tuple[int, list[str]]]:
     other expression. Yields (port, the times the queries asked for)."""
     asked: list[str] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the handler's API)
-            params = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-            asked.append(params["time"][0])
-            result = HELD.get(params["query"][0], [])
-            body = json.dumps({"status": "success", "data": {
-                "resultType": "matrix" if result and "values" in result[0] else "vector", "result": result}})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body.encode())
+    def answer(_path: str, params: dict[str, str]) -> list[dict]:
+        asked.append(params["time"])
+        return HELD.get(params["query"], [])
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1], asked
-    server.shutdown()
+    with serve(answer) as port:
+        yield port, asked
 
 
 STATUS_PLAY = """

@@ -5,17 +5,15 @@ play writes the same rows as CSV and refuses a report longer than Prometheus kee
 
 from __future__ import annotations
 
-import http.server
 import json
 import pathlib
 import re
 import subprocess
 import sys
-import threading
-import urllib.parse
 from collections.abc import Iterator
 
 import pytest
+from prometheus_stand_in import serve
 from repo_modules import REPO, load
 
 status = load("monitoring_status", "roles/monitoring/filter_plugins/monitoring_status.py")
@@ -109,40 +107,25 @@ def evaluate(query: str, t: int) -> list[dict]:
     raise AssertionError(f"unexpected query {query!r}")
 
 
+def answer(path: str, params: dict[str, str]) -> list[dict]:
+    """The query API over SERIES: query_range steps through evaluate(), query evaluates once."""
+    if not path.endswith("/query_range"):
+        return evaluate(params["query"], int(float(params["time"])))
+    series: dict[str, dict] = {}
+    t = int(float(params["start"]))
+    while t <= int(float(params["end"])):
+        for row in evaluate(params["query"], t):
+            entry = series.setdefault(json.dumps(row["metric"], sort_keys=True), {"metric": row["metric"], "values": []})
+            entry["values"].append(row["value"])
+        t += int(params["step"])
+    return list(series.values())
+
+
 @pytest.fixture
 def prometheus() -> Iterator[int]:
     """A stand-in for Prometheus's query and query_range APIs on 127.0.0.1, over SERIES."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the handler's API)
-            url = urllib.parse.urlsplit(self.path)
-            params = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
-            if url.path.endswith("/query_range"):
-                series: dict[str, dict] = {}
-                t = int(float(params["start"]))
-                while t <= int(float(params["end"])):
-                    for row in evaluate(params["query"], t):
-                        entry = series.setdefault(json.dumps(row["metric"], sort_keys=True),
-                                                  {"metric": row["metric"], "values": []})
-                        entry["values"].append(row["value"])
-                    t += int(params["step"])
-                result, kind = list(series.values()), "matrix"
-            else:
-                result = evaluate(params["query"], int(float(params["time"])))
-                kind = "matrix" if result and "values" in result[0] else "vector"
-            body = json.dumps({"status": "success", "data": {"resultType": kind, "result": result}})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
+    with serve(answer) as port:
+        yield port
 
 
 def run_usage(tmp_path: pathlib.Path, port: int, **extra: object) -> subprocess.CompletedProcess:
