@@ -1,5 +1,7 @@
-// The per-user daily token ledger behind token_usage's budgets: the prompt and completion tokens each
-// key's answers used today (UTC), kept in memory and in a JSON file, so a gateway restart loses none.
+// The per-user token ledger behind token_usage's budgets: the prompt and completion tokens each key's
+// answers used today (UTC), kept in memory and in a JSON file, so a gateway restart loses none; and the
+// tokens of each key's answers that ended in the last minute (sliding), kept in memory only, so a
+// restart forgets at most one minute of them.
 //
 // A day is a UTC calendar day: the counts start again at 00:00 UTC, which is the reset time a refused
 // user is told. The file is written at most once a second while counts change (to a temporary file
@@ -40,10 +42,20 @@ type tokenLedger struct {
 	mu      sync.Mutex
 	day     string
 	tokens  map[string]int64
+	recent  map[string][]spent // per key, oldest first, none older than budgetWindow
 	dirty   bool
 	started bool
 	stop    chan struct{}
 	done    chan struct{}
+}
+
+// budgetWindow is the span a per-minute budget counts over, ending now.
+const budgetWindow = time.Minute
+
+// spent is one answer's tokens and when they were counted.
+type spent struct {
+	at     time.Time
+	tokens int64
 }
 
 // ledgers shares a ledger across graceful reloads (the new config finds the old one's counts).
@@ -59,7 +71,8 @@ func nextUTCMidnight(t time.Time) time.Time {
 
 // loadLedger reads path's counts if they are today's.
 func loadLedger(path string, logger *zap.Logger, now func() time.Time) *tokenLedger {
-	l := &tokenLedger{path: path, logger: logger, now: now, day: utcDay(now()), tokens: map[string]int64{}}
+	l := &tokenLedger{path: path, logger: logger, now: now, day: utcDay(now()), tokens: map[string]int64{},
+		recent: map[string][]spent{}}
 	data, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -96,7 +109,47 @@ func (l *tokenLedger) used(key string) (int64, time.Time) {
 	return l.tokens[key], nextUTCMidnight(t)
 }
 
-// add counts tokens against key today and has the file written soon.
+// prune drops key's answers older than the window ending at t. Callers hold mu.
+func (l *tokenLedger) prune(key string, t time.Time) []spent {
+	list := l.recent[key]
+	drop := 0
+	for drop < len(list) && !list[drop].at.After(t.Add(-budgetWindow)) {
+		drop++
+	}
+	if drop == len(list) {
+		delete(l.recent, key)
+		return nil
+	}
+	if drop > 0 {
+		list = append(list[:0], list[drop:]...)
+		l.recent[key] = list
+	}
+	return list
+}
+
+// lastMinute returns key's tokens in the last minute and, when budget > 0, the moment they drop
+// below budget as the oldest answers leave the window (now when they already are below it).
+func (l *tokenLedger) lastMinute(key string, budget int64) (int64, time.Time) {
+	t := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	list := l.prune(key, t)
+	var used int64
+	for _, s := range list {
+		used += s.tokens
+	}
+	free, left := t, used
+	for _, s := range list {
+		if budget <= 0 || left < budget {
+			break
+		}
+		left -= s.tokens
+		free = s.at.Add(budgetWindow)
+	}
+	return used, free
+}
+
+// add counts tokens against key today and in the last minute, and has the file written soon.
 func (l *tokenLedger) add(key string, tokens int64) {
 	if tokens <= 0 || key == "" {
 		return
@@ -106,6 +159,7 @@ func (l *tokenLedger) add(key string, tokens int64) {
 	defer l.mu.Unlock()
 	l.rollover(t)
 	l.tokens[key] += tokens
+	l.recent[key] = append(l.prune(key, t), spent{at: t, tokens: tokens})
 	l.dirty = true
 	if !l.started { // started on the first count, so `caddy validate` never writes the file
 		l.started = true

@@ -1,7 +1,8 @@
 // token_usage is a Caddy HTTP handler that reads the engine's own token counts from each answer and
 // puts them in the request's access-log entry as "prompt_tokens" and "completion_tokens" (integers),
 // where the monitoring role's mtail program counts them per user; with a ledger, it also keeps each
-// key's tokens of the day (UTC) and refuses a key past its daily budget.
+// key's tokens of the day (UTC) and of the last minute, and refuses a key past its daily or per-minute
+// budget.
 //
 // Caddyfile (inside the route, just before reverse_proxy):
 //
@@ -11,6 +12,7 @@
 //		key            <placeholder>  # whose tokens, e.g. {teamserve_user}; needs ledger
 //		ledger         <file>         # where the day's counts per key are kept (tokenbudget.go)
 //		tokens_per_day <n|placeholder> # the key's daily budget, prompt + completion tokens; 0 = none
+//		tokens_per_minute <n|placeholder> # the same over the last 60 s (sliding); 0 = none
 //	}]
 //
 // Budget: a request of a key whose tokens today are at or past its tokens_per_day is answered at once
@@ -18,10 +20,14 @@
 // and the reset time (00:00 UTC), with Retry-After the seconds until then; its access-log entry gets
 // "refused": "token_budget_exceeded". The check is made when a request arrives and the tokens are
 // counted when its answer ends, so requests already running may take a key past its budget by what
-// they use. Every answer of a key with a ledger carries X-Teamserve-Tokens-Today (its tokens today
-// before this request) and, with a budget, X-Teamserve-Tokens-Per-Day; the same figures are the
-// placeholders {token_usage.tokens_today} and {token_usage.resets_at} (Unix seconds) for the handlers
-// after it (e.g. a respond that tells users where they stand; without tokens_per_day, nothing is refused).
+// they use. Per minute: a key whose answers that ended in the last 60 s used tokens_per_minute or more
+// gets 429 "tokens_per_minute_exceeded" (type "tokens"), with Retry-After the seconds until enough of
+// those answers are older than a minute. Every answer of a key with a ledger carries
+// X-Teamserve-Tokens-Today (its tokens today before this request) and, with a budget,
+// X-Teamserve-Tokens-Per-Day, X-Teamserve-Tokens-Last-Minute and X-Teamserve-Tokens-Per-Minute; the
+// same figures are the placeholders {token_usage.tokens_today}, {token_usage.resets_at} (Unix seconds)
+// and {token_usage.tokens_last_minute} for the handlers after it (e.g. a respond that tells users where
+// they stand; without tokens_per_day and tokens_per_minute, nothing is refused).
 //
 // What is read, in vLLM's and OpenAI's shapes:
 //
@@ -94,6 +100,9 @@ type TokenUsage struct {
 	// TokensPerDay is the key's budget of prompt + completion tokens per UTC day: an integer >= 0 (0 =
 	// none), or placeholders that expand to one per request. Needs Key and Ledger.
 	TokensPerDay string `json:"tokens_per_day,omitempty"`
+	// TokensPerMinute is the key's budget of prompt + completion tokens in the last 60 s (sliding), in
+	// the same forms as TokensPerDay. Needs Key and Ledger.
+	TokensPerMinute string `json:"tokens_per_minute,omitempty"`
 
 	logger *zap.Logger
 	ledger *tokenLedger
@@ -102,12 +111,16 @@ type TokenUsage struct {
 // Placeholders token_usage sets with a ledger: the key's tokens today before this request, and when the
 // day's counts start again (Unix seconds).
 const (
-	TokensTodayPlaceholder = "token_usage.tokens_today"
-	TokensResetPlaceholder = "token_usage.resets_at"
+	TokensTodayPlaceholder      = "token_usage.tokens_today"
+	TokensResetPlaceholder      = "token_usage.resets_at"
+	TokensLastMinutePlaceholder = "token_usage.tokens_last_minute"
 )
 
-// TokenBudgetCode is the error code (and access-log "refused" value) of a request past its key's budget.
-const TokenBudgetCode = "token_budget_exceeded"
+// The error codes (and access-log "refused" values) of a request past its key's daily or per-minute budget.
+const (
+	TokenBudgetCode    = "token_budget_exceeded"
+	TokenPerMinuteCode = "tokens_per_minute_exceeded"
+)
 
 // CaddyModule returns the Caddy module information.
 func (TokenUsage) CaddyModule() caddy.ModuleInfo {
@@ -161,15 +174,31 @@ func (t *TokenUsage) Validate() error {
 	if (t.Key == "") != (t.Ledger == "") {
 		return fmt.Errorf("token_usage: key and ledger go together (key %q, ledger %q)", t.Key, t.Ledger)
 	}
-	if t.TokensPerDay != "" && t.Key == "" {
-		return fmt.Errorf("token_usage: tokens_per_day needs key and ledger")
-	}
-	if t.TokensPerDay != "" && !strings.Contains(t.TokensPerDay, "{") {
-		if _, err := parseTokens(t.TokensPerDay); err != nil {
-			return fmt.Errorf("token_usage: tokens_per_day %q: %v", t.TokensPerDay, err)
+	for option, value := range map[string]string{"tokens_per_day": t.TokensPerDay, "tokens_per_minute": t.TokensPerMinute} {
+		if value != "" && t.Key == "" {
+			return fmt.Errorf("token_usage: %s needs key and ledger", option)
+		}
+		if value != "" && !strings.Contains(value, "{") {
+			if _, err := parseTokens(value); err != nil {
+				return fmt.Errorf("token_usage: %s %q: %v", option, value, err)
+			}
 		}
 	}
 	return nil
+}
+
+// budget expands a budget option for this request: 0 when unset; an error when it is not a count.
+func (t *TokenUsage) budget(repl *caddy.Replacer, option, value string) (int64, error) {
+	if value == "" {
+		return 0, nil
+	}
+	text := repl.ReplaceAll(value, "")
+	n, err := parseTokens(text)
+	if err != nil { // a config error: fail closed, say why in the log
+		t.logger.Error("token_usage: unusable budget", zap.String(option, text), zap.Error(err))
+		return 0, caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("token_usage: %s %q: %v", option, text, err))
+	}
+	return n, nil
 }
 
 // parseTokens reads a token count >= 0.
@@ -226,20 +255,30 @@ func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 		w.Header().Set("X-Teamserve-Tokens-Today", strconv.FormatInt(used, 10))
 		repl.Set(TokensTodayPlaceholder, used)
 		repl.Set(TokensResetPlaceholder, reset.Unix())
-		if t.TokensPerDay != "" {
-			budgetText := repl.ReplaceAll(t.TokensPerDay, "")
-			budget, err := parseTokens(budgetText)
-			if err != nil { // a config error: fail closed, say why in the log
-				t.logger.Error("token_usage: unusable tokens_per_day", zap.String("tokens_per_day", budgetText), zap.Error(err))
-				return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("token_usage: tokens_per_day %q: %v", budgetText, err))
-			}
-			if budget > 0 {
-				w.Header().Set("X-Teamserve-Tokens-Per-Day", strconv.FormatInt(budget, 10))
-				if used >= budget {
-					logRefusal(r, TokenBudgetCode)
-					return refuseTokenBudget(w, used, budget, reset, t.ledger.now())
-				}
-			}
+		perDay, err := t.budget(repl, "tokens_per_day", t.TokensPerDay)
+		if err != nil {
+			return err
+		}
+		perMinute, err := t.budget(repl, "tokens_per_minute", t.TokensPerMinute)
+		if err != nil {
+			return err
+		}
+		lastMinute, free := t.ledger.lastMinute(key, perMinute)
+		repl.Set(TokensLastMinutePlaceholder, lastMinute)
+		if perDay > 0 {
+			w.Header().Set("X-Teamserve-Tokens-Per-Day", strconv.FormatInt(perDay, 10))
+		}
+		if perMinute > 0 {
+			w.Header().Set("X-Teamserve-Tokens-Last-Minute", strconv.FormatInt(lastMinute, 10))
+			w.Header().Set("X-Teamserve-Tokens-Per-Minute", strconv.FormatInt(perMinute, 10))
+		}
+		switch now := t.ledger.now(); {
+		case perDay > 0 && used >= perDay: // the longer wait first
+			logRefusal(r, TokenBudgetCode)
+			return refuseTokenBudget(w, used, perDay, reset, now)
+		case perMinute > 0 && lastMinute >= perMinute:
+			logRefusal(r, TokenPerMinuteCode)
+			return refuseTokensPerMinute(w, lastMinute, perMinute, free, now)
 		}
 	}
 	strip := false
@@ -281,6 +320,16 @@ func refuseTokenBudget(w http.ResponseWriter, used, budget int64, reset, now tim
 		"UTC day); the budget resets at %s. Retry after the number of seconds in the Retry-After header, or ask "+
 		"the admin for a larger tokens_per_day.", used, budget, reset.UTC().Format(time.RFC3339))
 	return writeOpenAIError(w, http.StatusTooManyRequests, message, "tokens", "", TokenBudgetCode, max(1, wait))
+}
+
+// refuseTokensPerMinute writes the 429 for a key at or past its per-minute budget; free is when its
+// last minute's tokens drop below the budget.
+func refuseTokensPerMinute(w http.ResponseWriter, used, budget int64, free, now time.Time) error {
+	wait := max(1, int(math.Ceil(free.Sub(now).Seconds())))
+	message := fmt.Sprintf("This API key's answers used %d tokens in the last minute, at or past its %d tokens per "+
+		"minute (prompt and completion tokens); retry in %d s (the Retry-After header), or ask the admin for a "+
+		"larger tokens_per_minute.", used, budget, wait)
+	return writeOpenAIError(w, http.StatusTooManyRequests, message, "tokens", "", TokenPerMinuteCode, wait)
 }
 
 // lastMember returns the value of the last top-level member called name of the object doc (the one
@@ -518,6 +567,7 @@ func (u *usageRecorder) log(r *http.Request) {
 //		key <placeholder>
 //		ledger <file>
 //		tokens_per_day <n|placeholder>
+//		tokens_per_minute <n|placeholder>
 //	}]
 func (t *TokenUsage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
@@ -547,8 +597,10 @@ func (t *TokenUsage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			t.Ledger = value
 		case "tokens_per_day":
 			t.TokensPerDay = value
+		case "tokens_per_minute":
+			t.TokensPerMinute = value
 		default:
-			return d.Errf("unknown token_usage option %q (max_size, max_answer, key, ledger, tokens_per_day)", option)
+			return d.Errf("unknown token_usage option %q (max_size, max_answer, key, ledger, tokens_per_day, tokens_per_minute)", option)
 		}
 		if d.NextArg() {
 			return d.ArgErr()

@@ -194,7 +194,7 @@ func TestTokenUsageCountsOnlyServedAnswers(t *testing.T) {
 
 func TestTokenUsageCaddyfile(t *testing.T) {
 	for _, bad := range []string{"token_usage extra", "token_usage {\n max_size 0\n}", "token_usage {\n max_answer x\n}",
-		"token_usage {\n colour red\n}"} {
+		"token_usage {\n colour red\n}", "token_usage {\n tokens_per_minute\n}"} {
 		if _, err := parseTokenUsage(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
@@ -210,8 +210,14 @@ func parseTokenUsage(text string) (*TokenUsage, error) {
 	return u, u.UnmarshalCaddyfile(caddyfile.NewTestDispenser(text))
 }
 
-// budgetGateway is usageGateway with a ledger and a budget per X-User.
+// budgetGateway is usageGateway with a ledger and a daily budget per X-User.
 func budgetGateway(t *testing.T, engine *usageEngine, ledger string, budget string) *http.Client {
+	t.Helper()
+	return budgetsGateway(t, engine, ledger, "tokens_per_day "+budget)
+}
+
+// budgetsGateway is usageGateway with a ledger per X-User and the budget options given.
+func budgetsGateway(t *testing.T, engine *usageEngine, ledger string, options string) *http.Client {
 	t.Helper()
 	client, _ := frontGateway(t, fmt.Sprintf(`http:// {
 	bind unix/{socket}
@@ -219,11 +225,11 @@ func budgetGateway(t *testing.T, engine *usageEngine, ledger string, budget stri
 		token_usage {
 			key {http.request.header.X-User}
 			ledger %s
-			tokens_per_day %s
+			%s
 		}
 		reverse_proxy %s
 	}
-}`, ledger, budget, engine.Listener.Addr().String()))
+}`, ledger, options, engine.Listener.Addr().String()))
 	return client
 }
 
@@ -322,5 +328,74 @@ func TestTokenLedgerDays(t *testing.T) {
 	_ = l.Destruct()
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Fatalf("files left: %v, want only the ledger", entries)
+	}
+}
+
+// A key whose answers of the last minute used its tokens_per_minute gets 429 tokens_per_minute_exceeded
+// with Retry-After within the minute, its daily count untouched by the refusal; another key is served.
+func TestTokensPerMinuteRefusesOnlyTheKeyPastIt(t *testing.T) {
+	engine := newUsageEngine(t)
+	go func() {
+		for range engine.bodies {
+		}
+	}()
+	client := budgetsGateway(t, engine, filepath.Join(t.TempDir(), "tokens.json"),
+		"tokens_per_day 1000\n\t\t\ttokens_per_minute {http.request.header.X-Budget}30")
+	perAnswer := doublePrompt + doubleCompletion // 20
+	for i, want := range []int{0, perAnswer} {
+		resp, body := askAs(client, "alice")
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Teamserve-Tokens-Last-Minute") != fmt.Sprint(want) ||
+			resp.Header.Get("X-Teamserve-Tokens-Per-Minute") != "30" {
+			t.Fatalf("answer %d: %d %q, last minute %q of %q, want 200 with %d of 30", i, resp.StatusCode, body,
+				resp.Header.Get("X-Teamserve-Tokens-Last-Minute"), resp.Header.Get("X-Teamserve-Tokens-Per-Minute"), want)
+		}
+	}
+	resp, body := askAs(client, "alice") // 40 in the last minute >= 30
+	var refusal openAIError
+	_ = json.Unmarshal([]byte(body), &refusal)
+	if resp.StatusCode != http.StatusTooManyRequests || refusal.Error.Code != TokenPerMinuteCode || refusal.Error.Type != "tokens" ||
+		!strings.Contains(refusal.Error.Message, "used 40 tokens in the last minute") || !strings.Contains(refusal.Error.Message, "30 tokens per minute") {
+		t.Fatalf("past the budget: %d %q, want 429 %s naming 40 and 30", resp.StatusCode, body, TokenPerMinuteCode)
+	}
+	if wait, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || wait < 1 || wait > 60 {
+		t.Fatalf("Retry-After %q, want the seconds until the first answer is a minute old", resp.Header.Get("Retry-After"))
+	}
+	if resp, _ := askAs(client, "alice"); resp.Header.Get("X-Teamserve-Tokens-Today") != fmt.Sprint(2*perAnswer) {
+		t.Fatalf("tokens today after refusals: %q, want %d (a refusal uses none)", resp.Header.Get("X-Teamserve-Tokens-Today"), 2*perAnswer)
+	}
+	if resp, body := askAs(client, "bob"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("another key: %d %q, want 200", resp.StatusCode, body)
+	}
+}
+
+// The last minute slides: answers leave it 60 s after they were counted, and the moment a key is under
+// its budget again is when enough of its oldest answers have left.
+func TestTokenLedgerLastMinute(t *testing.T) {
+	clock := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	l := loadLedger(filepath.Join(t.TempDir(), "tokens.json"), zap.NewNop(), func() time.Time { return clock })
+	defer l.Destruct()
+	for _, step := range []struct {
+		after  time.Duration
+		tokens int64
+	}{{0, 10}, {20 * time.Second, 15}, {10 * time.Second, 5}} { // at :00, :20, :30
+		clock = clock.Add(step.after)
+		l.add("alice", step.tokens)
+	}
+	if used, free := l.lastMinute("alice", 20); used != 30 || !free.Equal(time.Date(2026, 12, 5, 12, 1, 20, 0, time.UTC)) {
+		t.Fatalf("at :30 with a budget of 20: %d, free at %v; want 30 and 12:01:20 (10 + 15 gone)", used, free)
+	}
+	if used, free := l.lastMinute("alice", 100); used != 30 || !free.Equal(clock) {
+		t.Fatalf("under the budget: %d, free at %v; want 30 and now", used, free)
+	}
+	clock = time.Date(2026, 12, 5, 12, 1, 0, 0, time.UTC) // the first answer is a minute old
+	if used, _ := l.lastMinute("alice", 0); used != 20 {
+		t.Fatalf("at 12:01:00: %d, want 20", used)
+	}
+	clock = clock.Add(31 * time.Second)
+	if used, _ := l.lastMinute("alice", 0); used != 0 || len(l.recent) != 0 {
+		t.Fatalf("at 12:01:31: %d, %v; want 0 and nothing kept", used, l.recent)
+	}
+	if used, _ := l.used("alice"); used != 30 {
+		t.Fatalf("the day's count: %d, want 30", used)
 	}
 }
