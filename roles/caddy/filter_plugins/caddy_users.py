@@ -231,11 +231,11 @@ def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1,
     users without their own ``tokens_per_minute``. Output: one dict per user that HAS a key (users
     without a key are not issued or were revoked, and get no access): ``name``, ``key_sha256`` (the key's
     SHA-256, 64 lowercase hex digits: the gateway's api_key_map matches it, so the key itself is never
-    written to the Caddyfile), ``events`` (int),
-    ``window`` (Caddy duration string), ``rate_tier`` (zone name, caddy_rate_tier), ``max_inflight``
-    (int engine sequences; a user without their own gets caddy_user_lane_cap), ``lane`` (one of LANES,
-    default interactive), ``tokens_per_day`` and ``tokens_per_minute`` (int tokens, 0 = no budget) and ``expires_epoch`` (int Unix seconds, 0 = never), sorted by name so the rendered
-    file does not change when the inventory order does.
+    written to the Caddyfile), ``events`` (int), ``window`` (Caddy duration string), ``rate_tier`` (zone
+    name, caddy_rate_tier), ``max_inflight`` (int engine sequences; a user without their own gets
+    caddy_user_lane_cap), ``lane`` (one of LANES, default interactive), ``tokens_per_day`` and
+    ``tokens_per_minute`` (int tokens, 0 = no budget) and ``expires_epoch`` (int Unix seconds, 0 = never),
+    sorted by name so the rendered file does not change when the inventory order does.
     """
     result = []
     for user in users:
