@@ -94,6 +94,23 @@ def user_fair_share(max_num_seqs: int) -> int:
     return max(1, user_inflight_share(max_num_seqs) // 2)
 
 
+SECONDS_PER_DAY = 86_400
+
+
+def user_tokens_per_day(max_num_seqs: int, tpot_seconds: float) -> int:
+    """Default per-user daily token budget, in tokens (prompt + completion, per UTC day).
+
+    Inputs: the engine's --max-num-seqs (an int >= 1) and the workload's TPOT target (seconds per output
+    token, > 0; callers validate both). Output: ``int(user_fair_share(seqs) * 86,400 / tpot_seconds)``,
+    the tokens the user's fair share of the batch generates in a whole day at the TPOT target.
+
+    A ceiling against a runaway job, not a ration: someone working by hand never comes near it, a script
+    looping at its fair share all day reaches it. An admin rations with a smaller ``tokens_per_day`` per
+    user. A judgement, like :data:`USER_SHARE_DIVISOR`; the gateway counts the engine's own usage figures.
+    """
+    return int(user_fair_share(max_num_seqs) * SECONDS_PER_DAY / tpot_seconds)
+
+
 # Share of a team generating at the same moment when a workload gives a
 # headcount (vllm_workload.users) instead of concurrent sequences. A stated
 # assumption, not a measurement: people read, think and type between
@@ -396,9 +413,10 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
         for, ``registry`` what its model registry says of the model: :func:`teamserve_capacity.registry.check_model`);
         every byte count is per GPU. ``advice`` is a list
         of ``{id, advice, reason}`` (:mod:`teamserve_capacity.advice`);
-        ``admission`` is ``{user_max_inflight, user_fair_share}``, in engine
-        sequences: the default per-user in-flight cap (:func:`user_inflight_share`)
-        and the share past which a user's requests lose priority (:func:`user_fair_share`).
+        ``admission`` is ``{user_max_inflight, user_fair_share, user_tokens_per_day}``: the default
+        per-user in-flight cap (:func:`user_inflight_share`) and the share past which a user's requests
+        lose priority (:func:`user_fair_share`), in engine sequences, and the default daily token budget
+        per user (:func:`user_tokens_per_day`), in tokens.
     Raises:
         PlanError: any bad or unsupported input, before any number is produced.
     """
@@ -589,7 +607,8 @@ def plan(model: Mapping[str, Any], workload: Mapping[str, Any],
                     fits=fits)
     from .report import format_table
     admission = {"user_max_inflight": user_inflight_share(flags["max-num-seqs"]),
-                 "user_fair_share": user_fair_share(flags["max-num-seqs"])}
+                 "user_fair_share": user_fair_share(flags["max-num-seqs"]),
+                 "user_tokens_per_day": user_tokens_per_day(flags["max-num-seqs"], w.tpot_seconds)}
     result = {"fits": fits, "verdict": verdict, "levers": levers, "advice": advice, "numbers": numbers,
               "vllm_version": version, "registry": registry_check,
               "flags": flags, "layers": layers, "admission": admission}

@@ -54,15 +54,19 @@ def teamserve_new_key(length: Any = KEY_LENGTH) -> str:
 
 
 def teamserve_users_listing(users: Any, with_key: Collection[str] = (), default_max_inflight: Any = None,
-                            now_epoch: Any = None, no_plan: str = "") -> list[str]:
+                            now_epoch: Any = None, no_plan: str = "", default_tokens_per_day: Any = None,
+                            default_tokens_per_minute: Any = 0) -> list[str]:
     """The lines of users.yml's list, one per user of ``users`` (caddy_users; checked by the caddy role).
 
     ``with_key``: names with a key in the key file; a user's own ``key`` field counts too. Neither key is
     ever printed. ``default_max_inflight``: the gateway's default per-user cap in engine sequences (the
     inventory's caddy_user_max_inflight, else the plan the box records); None when unknown, then a user
     without their own cap reads "unknown" with ``no_plan`` (why). ``now_epoch``: Unix seconds, for
-    "EXPIRED" (default: the clock). Output: "name  key: ...; expires: ...; rate: N/window; in flight: N
-    sequences; lane: ..." strings, in the order of ``users``.
+    "EXPIRED" (default: the clock). ``default_tokens_per_day``: the default daily token budget (tokens; 0 =
+    none), found like ``default_max_inflight``; None when unknown. ``default_tokens_per_minute``: the
+    default budget over any 60 s (tokens; 0 = none, the role's default). Output: "name  key: ...; expires:
+    ...; rate: N/window; in flight: N sequences; lane: ...; tokens/day: N[; tokens/min: N]" strings (the
+    last only where a per-minute budget applies), in the order of ``users``.
     """
     caddy = _caddy_users()
     now = int(_dt.datetime.now(tz=_dt.UTC).timestamp()) if now_epoch is None else int(now_epoch)
@@ -85,9 +89,19 @@ def teamserve_users_listing(users: Any, with_key: Collection[str] = (), default_
             cap = f"{caddy.caddy_user_lane_cap(lane, default_max_inflight)} sequences"
         else:
             cap = "unknown" + (f" ({no_plan})" if no_plan else "")
+        budget = user.get("tokens_per_day")
+        if budget is None and default_tokens_per_day not in (None, ""):
+            budget = default_tokens_per_day
+        if budget is None:
+            tokens = "unknown" + (f" ({no_plan})" if no_plan else "")
+        else:
+            tokens = f"{int(budget)}" if int(budget) > 0 else "no budget"
+        per_minute = user.get("tokens_per_minute")
+        per_minute = int(default_tokens_per_minute or 0) if per_minute is None else int(per_minute)
         limit = user.get("rate_limit") or {}
         lines.append(f"{name:<16} key: {key}; expires: {until}; rate: {limit.get('events')}/{limit.get('window')}; "
-                     f"in flight: {cap}; lane: {lane}")
+                     f"in flight: {cap}; lane: {lane}; tokens/day: {tokens}"
+                     + (f"; tokens/min: {per_minute}" if per_minute > 0 else ""))
     return lines
 
 

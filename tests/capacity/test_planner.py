@@ -44,9 +44,20 @@ def test_admission_share_follows_the_planned_batch(tiny_model, workload, seqs: i
     result = plan(tiny_model, dict(workload, concurrent_sequences=seqs), [RTX_PRO_6000], ENGINE)
     planned = result["flags"]["max-num-seqs"]
     cap = max(1, planned // 4)
-    assert result["admission"] == {"user_max_inflight": cap, "user_fair_share": max(1, cap // 2)}
+    assert result["admission"] == {"user_max_inflight": cap, "user_fair_share": max(1, cap // 2),
+                                   "user_tokens_per_day": int(max(1, cap // 2) * 86_400 / workload["tpot_seconds"])}
     assert 1 <= result["admission"]["user_max_inflight"] <= planned
     assert result["flags"]["scheduling-policy"] == "priority"  # the gateway's priorities need it
+
+
+def test_daily_token_budget_follows_the_fair_share_and_the_tpot_target(tiny_model, workload) -> None:
+    """A stricter TPOT target (fewer tokens per second per sequence) gives a smaller default budget; the
+    budget is what the fair share generates in a day at the target."""
+    loose = plan(tiny_model, dict(workload, tpot_seconds=0.05), [RTX_PRO_6000], ENGINE)
+    strict = plan(tiny_model, dict(workload, tpot_seconds=0.1), [RTX_PRO_6000], ENGINE)
+    share = loose["admission"]["user_fair_share"]
+    assert loose["admission"]["user_tokens_per_day"] == share * 86_400 * 20
+    assert strict["admission"]["user_tokens_per_day"] == strict["admission"]["user_fair_share"] * 86_400 * 10
 
 
 @pytest.mark.parametrize("seqs", range(1, 70))

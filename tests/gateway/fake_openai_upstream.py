@@ -8,7 +8,9 @@ wire format of the OpenAI API (the format vLLM's OpenAI-compatible server also s
 * ``GET /v1/models`` -> a model list with one model, ``fixture`` (``FIXTURE_MODEL``).
 * ``POST /v1/chat/completions`` -> a completion; with ``"stream": true`` a ``text/event-stream`` of
   ``chat.completion.chunk`` events, one per token, ``FIXTURE_TOKEN_DELAY_S`` seconds apart (the test of
-  unbuffered streaming measures these gaps on the client side), ending with ``data: [DONE]``.
+  unbuffered streaming measures these gaps on the client side), ending with ``data: [DONE]``; with
+  ``"stream_options": {"include_usage": true}`` a last chunk with empty ``choices`` and ``usage`` before it,
+  as vLLM sends. Every answer's usage is 1 prompt token and ``max_tokens`` completion tokens.
   ``max_tokens`` sets the number of tokens (default 8, at most 10000). ``"model": "fixture-busy"`` gets
   the 503 vLLM answers when its queue is full (``--max-num-queued-reqs``), body copied from the real
   vLLM 0.32.0 CPU build's answer on the testbed (no Retry-After); so does a request with the header
@@ -160,6 +162,11 @@ class Handler(BaseHTTPRequestHandler):
                 }
                 self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
                 time.sleep(TOKEN_DELAY_S)
+            if (request.get("stream_options") or {}).get("include_usage"):  # vLLM's usage-only last chunk
+                chunk = {"id": "chatcmpl-fixture", "object": "chat.completion.chunk", "created": created, "model": MODEL,
+                         "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": tokens,
+                                                  "total_tokens": tokens + 1}}
+                self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
             self._write_chunk(b"data: [DONE]\n\n")
             self._write_chunk(b"")
             _bump("streams_completed")

@@ -67,7 +67,7 @@ def test_front_caddyfile_for_one_two_three_boxes(tmp_path, count):
     assert "tls_trust_pool file " + " ".join(f"/etc/caddy/upstream-ca/10.0.0.{n + 1}_8443.crt"
                                              for n in range(count)) in pool
     # Users' default cap: a quarter of the fleet's batch.
-    assert re.search(rf" alice 0 {max(1, sum(caps) // 4)} rate_60_per_1m interactive\n", caddyfile)
+    assert re.search(rf" alice 0 {max(1, sum(caps) // 4)} rate_60_per_1m interactive 0 0\n", caddyfile)
     # The public /health is the fleet's: any healthy box answers it, without any key and without the caps
     # (a busy fleet is not a down one), and it is not logged.
     health = caddyfile.split("handle @health {")[1].split("\n\t\t}\n")[0]
@@ -189,8 +189,8 @@ def test_the_engines_batch_and_the_fleets_are_two_names(tmp_path):
                                                  "max_inflight": 28}
     assert facts["gpu1"]["caddy_engine_max_num_seqs"] == facts["gpu1"]["caddy_capacity_seqs"] == 8
     assert facts["gpu1"]["caddy_admission"]["max_inflight"] == 12  # its batch plus its queue
-    assert re.search(r" alice 0 7 rate_60_per_1m interactive\n", rendered["front"])
-    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive\n", rendered["gpu1"])
+    assert re.search(r" alice 0 7 rate_60_per_1m interactive 0 0\n", rendered["front"])
+    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive 0 0\n", rendered["gpu1"])
 
 
 def test_role_refuses_a_front_without_the_fleet_key(tmp_path):
@@ -205,7 +205,7 @@ def test_box_behind_a_front_gets_the_front_user_and_keeps_a_public_health(tmp_pa
     plan = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048}}
     box_vars = {"vllm_plan": plan, "caddy_users": USERS, "caddy_tls_mode": "off", "caddy_front_user_key": FLEET_KEY}
     caddyfile = render(tmp_path, {"gpu1": box_vars})["gpu1"]
-    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive\n", caddyfile)
+    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive 0 0\n", caddyfile)
     assert FLEET_KEY not in caddyfile  # its SHA-256 only
     (tmp_path / "private").mkdir()
     run = play(tmp_path / "private", {"gpu1": {**box_vars, "caddy_health_public": False}})

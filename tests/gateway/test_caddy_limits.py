@@ -125,8 +125,8 @@ def test_switching_the_profile_switches_the_caps(tmp_path):
         assert f"unhealthy_request_count {flags['max-num-seqs'] + flags['max-num-queued-reqs']}\n" in caddyfile
         assert f"max_size {flags['max-model-len'] * 32 + 1024 * 1024}\n" in caddyfile
         k = max(1, flags["max-num-seqs"] // 4)
-        assert f"{sha256(b'a' * 40).hexdigest()} alice 0 {k} rate_60_per_1m interactive\n" in caddyfile
-        assert f"{sha256(b'b' * 40).hexdigest()} bob 0 1 rate_60_per_1m interactive\n" in caddyfile  # her own cap
+        assert f"{sha256(b'a' * 40).hexdigest()} alice 0 {k} rate_60_per_1m interactive 0 0\n" in caddyfile
+        assert f"{sha256(b'b' * 40).hexdigest()} bob 0 1 rate_60_per_1m interactive 0 0\n" in caddyfile  # her own cap
         assert "a" * 40 not in caddyfile and "b" * 40 not in caddyfile  # the keys themselves are not written
         # One zone per distinct limit: alice and bob share one.
         assert sorted(re.findall(r"zone (\S+) \{", caddyfile)) == ["rate_5_per_1h", "rate_60_per_1m"]
@@ -153,8 +153,13 @@ def test_priority_share_and_lanes_follow_the_plan(tmp_path):
                           "caddy_fallback_api_key": "f" * 40}}
     rendered = render(tmp_path, hosts)
     box = rendered["box"]
-    assert f"{sha256(b'a' * 40).hexdigest()} alice 0 {cap} rate_60_per_1m interactive\n" in box
-    assert f"{sha256(b'n' * 40).hexdigest()} nightly 0 {max(1, cap // 2)} rate_60_per_1m batch\n" in box
+    # The daily token budget is the plan's too, whoever's lane; no per-minute budget by default (last column).
+    budget = plan["admission"]["user_tokens_per_day"]
+    assert budget > 0
+    assert f"{sha256(b'a' * 40).hexdigest()} alice 0 {cap} rate_60_per_1m interactive {budget} 0\n" in box
+    assert f"{sha256(b'n' * 40).hexdigest()} nightly 0 {max(1, cap // 2)} rate_60_per_1m batch {budget} 0\n" in box
+    assert "\t\t\ttokens_per_day {teamserve_tokens_per_day}\n\t\t\ttokens_per_minute {teamserve_tokens_per_minute}\n" in box
+    assert box.index("token_usage {") < box.index("reverse_proxy @proxied")
     block = f"\t\trequest_priority {{\n\t\t\tshare {share}\n\t\t\tlane {{teamserve_lane}}\n"
     assert block in box
     assert box.index("import user_inflight\n") < box.index(block) < box.index("reverse_proxy @proxied")

@@ -104,7 +104,8 @@ def test_effective_skips_users_without_key_and_sorts():
     eff = cu.caddy_users_effective(users, {"alice": KEY_A})
     assert [u["name"] for u in eff] == ["alice", "zed"]
     assert eff[0] == {"name": "alice", "key_sha256": hashlib.sha256(KEY_A.encode()).hexdigest(), "events": 10, "window": "1m", "rate_tier": "rate_10_per_1m",
-                      "max_inflight": 1, "lane": "interactive", "expires_epoch": 86400}
+                      "max_inflight": 1, "lane": "interactive", "tokens_per_day": 0, "tokens_per_minute": 0,
+                      "expires_epoch": 86400}
     assert eff[1]["expires_epoch"] == 0
     assert cu.caddy_users_without_key(users, {"alice": KEY_A}) == ["dave"]
 
@@ -151,3 +152,28 @@ def test_lanes():
     assert cu.caddy_users_effective([user("e", lane="batch")], {"e": KEY_A}, 1)[0]["max_inflight"] == 1
     [msg] = problems([user("a", lane="bulk")])
     assert "caddy_users[0] (name=a).lane='bulk' is not a lane; use one of interactive, batch" in msg
+
+
+@pytest.mark.parametrize("field", ["tokens_per_day", "tokens_per_minute"])
+@pytest.mark.parametrize("budget", [-1, 1.5, "100", True])
+def test_bad_token_budget_names_the_field_and_the_fix(budget, field):
+    (problem,) = cu.caddy_users_problems([user("a", key=KEY_A, **{field: budget})], {})
+    assert f"caddy_users[0] (name=a).{field}={budget!r} must be a whole number of tokens >= 0" in problem
+    assert f"caddy_user_{field}" in problem
+
+
+def test_daily_token_budget_own_or_default():
+    users = [user("a", key=KEY_A, tokens_per_day=500), user("b", key=KEY_B), user("c", key=KEY_A[::-1], tokens_per_day=0)]
+    assert cu.caddy_users_problems(users, {}) == []
+    eff = {u["name"]: u["tokens_per_day"] for u in cu.caddy_users_effective(users, {}, 2, "288000")}
+    assert eff == {"a": 500, "b": 288000, "c": 0}
+
+
+def test_per_minute_token_budget_own_or_default():
+    users = [user("a", key=KEY_A, tokens_per_minute=900), user("b", key=KEY_B),
+             user("c", key=KEY_A[::-1], tokens_per_minute=0)]
+    assert cu.caddy_users_problems(users, {}) == []
+    eff = {u["name"]: u["tokens_per_minute"] for u in cu.caddy_users_effective(users, {}, 2, 0)}
+    assert eff == {"a": 900, "b": 0, "c": 0}
+    eff = {u["name"]: u["tokens_per_minute"] for u in cu.caddy_users_effective(users, {}, 2, 0, "5000")}
+    assert eff == {"a": 900, "b": 5000, "c": 0}

@@ -243,8 +243,9 @@ def test_alerts_fire_as_designed(rendered, plan, tmp_path):
 
 
 ACCESS_LOG = [
-    {"status": 200, "user": "alice", "duration": 0.53, "size": 2048},
-    {"status": 200, "user": "alice", "duration": 12.5, "size": 9000},
+    {"status": 200, "user": "alice", "duration": 0.53, "size": 2048, "prompt_tokens": 31, "completion_tokens": 7},
+    {"status": 200, "user": "alice", "duration": 12.5, "size": 9000, "prompt_tokens": 1200, "completion_tokens": 0},
+    {"status": 200, "user": "bob", "duration": 0.1, "size": 300, "prompt_tokens": 5, "completion_tokens": 2},
     {"status": 429, "user": "alice", "duration": 0.0001, "size": 180, "refused": "concurrency_limit_exceeded"},
     {"status": 429, "user": "bob", "duration": 0.0002, "size": 190, "refused": "rate_limit_exceeded"},
     {"status": 503, "user": "bob", "duration": 0.0003, "size": 200, "refused": "server_full"},
@@ -252,16 +253,17 @@ ACCESS_LOG = [
 ]
 
 
-def test_mtail_counts_the_access_log_per_user_and_refusal_kind(tmp_path):
+def test_mtail_counts_the_access_log_per_user_refusal_kind_and_tokens(tmp_path):
     lines = []
     for n, entry in enumerate(ACCESS_LOG):
         # Caddy's JSON access log entry; a request URI that mimics the fields must not be counted.
         record = {"level": "info", "ts": 1764686400 + n, "logger": "http.log.access.log0", "msg": "handled request",
-                  "request": {"method": "POST", "uri": '/v1/chat/completions?q="user":"mallory","status":500',
+                  "request": {"method": "POST",
+                              "uri": '/v1/chat/completions?q="user":"mallory","status":500,"prompt_tokens":99999',
                               "headers": {"User-Agent": ["OpenAI/Python 1.99"]}},
                   "bytes_read": 120, "user_id": "", **{k: v for k, v in entry.items() if k in ("duration", "size", "status")},
                   "resp_headers": {"Content-Type": ["application/json"]}}
-        record.update({k: entry[k] for k in ("user", "refused") if k in entry})
+        record.update({k: entry[k] for k in ("user", "refused", "prompt_tokens", "completion_tokens") if k in entry})
         lines.append(json.dumps(record, separators=(",", ":")))
     (tmp_path / "access.log").write_text("\n".join(lines) + "\n")
     progs = tmp_path / "progs"
@@ -283,6 +285,10 @@ def test_mtail_counts_the_access_log_per_user_and_refusal_kind(tmp_path):
     assert samples['teamserve_gateway_refusals_total{kind="server_full",user="bob"}'] == 1
     assert samples['teamserve_gateway_refusals_total{kind="invalid_api_key",user="anonymous"}'] == 1
     assert samples['teamserve_gateway_response_bytes_total{user="alice"}'] == 2048 + 9000 + 180
+    assert samples['teamserve_gateway_tokens_total{kind="prompt",user="alice"}'] == 31 + 1200
+    assert samples['teamserve_gateway_tokens_total{kind="completion",user="alice"}'] == 7
+    assert samples['teamserve_gateway_tokens_total{kind="prompt",user="bob"}'] == 5
+    assert not any(name.startswith("teamserve_gateway_tokens_total") and "anonymous" in name for name in samples)
     assert samples['teamserve_gateway_request_duration_seconds_count{user="alice"}'] == 3
     assert samples['teamserve_gateway_request_duration_seconds_bucket{user="alice",le="1"}'] == 2
     assert not any("mallory" in name or 'code="500"' in name for name in samples)

@@ -5,17 +5,15 @@ stand-in answering the role's own queries."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import pathlib
 import subprocess
 import sys
-import threading
-import urllib.parse
 from collections.abc import Iterator
 
 import pytest
 import yaml
+from prometheus_stand_in import serve
 from repo_modules import REPO, load
 
 status = load("monitoring_status", "roles/monitoring/filter_plugins/monitoring_status.py")
@@ -74,6 +72,10 @@ HELD = {
         matrix({"__name__": "teamserve_gateway_refusals_total", "user": "carol", "kind": "rate_limit_exceeded"}, 3, 3),
         matrix({"__name__": "teamserve_gateway_refusals_total", "user": "bob", "kind": "server_full"}, 2, 2)],
     QUERIES["user_refusals_before"]: [vector({"user": "bob", "kind": "server_full"}, 2)],
+    QUERIES["user_tokens_samples"]: [
+        matrix({"__name__": "teamserve_gateway_tokens_total", "user": "carol", "kind": "prompt"}, 400, 900, 1000),
+        matrix({"__name__": "teamserve_gateway_tokens_total", "user": "carol", "kind": "completion"}, 40, 50)],
+    QUERIES["user_tokens_before"]: [vector({"user": "carol", "kind": "prompt"}, 100)],
     QUERIES["engine_up"]: [vector({"job": "vllm"}, 1)],
 }
 
@@ -84,26 +86,12 @@ def prometheus() -> Iterator[tuple[int, list[str]]]:
     other expression. Yields (port, the times the queries asked for)."""
     asked: list[str] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the handler's API)
-            params = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-            asked.append(params["time"][0])
-            result = HELD.get(params["query"][0], [])
-            body = json.dumps({"status": "success", "data": {
-                "resultType": "matrix" if result and "values" in result[0] else "vector", "result": result}})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body.encode())
+    def answer(_path: str, params: dict[str, str]) -> list[dict]:
+        asked.append(params["time"])
+        return HELD.get(params["query"], [])
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1], asked
-    server.shutdown()
+    with serve(answer) as port:
+        yield port, asked
 
 
 STATUS_PLAY = """
@@ -144,7 +132,10 @@ def test_the_status_view_prints_exact_counts_at_one_instant(tmp_path, prometheus
     assert facts["monitoring_status"]["user_refusals"] == [
         {"metric": {"user": "bob", "kind": "server_full"}, "value": 0},
         {"metric": {"user": "carol", "kind": "rate_limit_exceeded"}, "value": 3}]
-    assert "  bob: 5 requests" in printed  # no refusal in the hour: none printed
-    assert "  carol: 8 requests; 3 rate_limit_exceeded" in printed
+    assert facts["monitoring_status"]["user_tokens"] == [
+        {"metric": {"user": "carol", "kind": "completion"}, "value": 50},
+        {"metric": {"user": "carol", "kind": "prompt"}, "value": 900}]
+    assert "  bob: 5 requests" in printed  # no tokens or refusal in the hour: none printed
+    assert "  carol: 8 requests; 900 prompt + 50 completion tokens; 3 rate_limit_exceeded" in printed
     assert "Engine up:              yes" in printed
     assert set(asked) == {f"{AT}"}  # every figure read at the one instant

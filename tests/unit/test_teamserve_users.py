@@ -47,7 +47,8 @@ def test_the_testbed_script_draws_with_the_same_generator():
 
 
 TEAM = [
-    {"name": "alice", "rate_limit": {"events": 120, "window": "1m"}, "max_inflight": 8},
+    {"name": "alice", "rate_limit": {"events": 120, "window": "1m"}, "max_inflight": 8, "tokens_per_day": 50000,
+     "tokens_per_minute": 6000},
     {"name": "bob", "rate_limit": {"events": 60, "window": "1m"}, "expires": "2025-12-01"},
     {"name": "nightly", "rate_limit": {"events": 600, "window": "1h"}, "lane": "batch", "expires": "2030-01-01"},
     {"name": "svc", "rate_limit": {"events": 10, "window": "1m"}, "key": "sk-ts-" + "k" * 48},
@@ -55,14 +56,16 @@ TEAM = [
 
 
 def test_the_list_prints_numbers_lanes_limits_and_expiry_never_a_key():
-    lines = users.teamserve_users_listing(TEAM, ["alice", "nightly"], 6, AT)
+    lines = users.teamserve_users_listing(TEAM, ["alice", "nightly"], 6, AT, "", 0)
     assert lines == [
-        "alice            key: yes; expires: never; rate: 120/1m; in flight: 8 sequences; lane: interactive",
+        "alice            key: yes; expires: never; rate: 120/1m; in flight: 8 sequences; lane: interactive; "
+        "tokens/day: 50000; tokens/min: 6000",
         "bob              key: none (no access; issue one); expires: 2025-12-01 - EXPIRED, answered 401; rate: 60/1m; "
-        "in flight: 6 sequences; lane: interactive",
-        "nightly          key: yes; expires: 2030-01-01; rate: 600/1h; in flight: 3 sequences; lane: batch",
+        "in flight: 6 sequences; lane: interactive; tokens/day: no budget",
+        "nightly          key: yes; expires: 2030-01-01; rate: 600/1h; in flight: 3 sequences; lane: batch; "
+        "tokens/day: no budget",
         "svc              key: in the inventory (caddy_users.key); expires: never; rate: 10/1m; "
-        "in flight: 6 sequences; lane: interactive",
+        "in flight: 6 sequences; lane: interactive; tokens/day: no budget",
     ]
     assert not any("k" * 48 in line for line in lines)
 
@@ -70,10 +73,13 @@ def test_the_list_prints_numbers_lanes_limits_and_expiry_never_a_key():
 def test_the_list_caps_are_the_gateways():
     """The same numbers as the Caddyfile's (caddy_users_effective) for every user with a key."""
     keys = {"alice": "a" * 40, "bob": "b" * 40, "nightly": "n" * 40}
-    effective = {u["name"]: u["max_inflight"] for u in caddy_users.caddy_users_effective(TEAM, keys, "5")}
-    for line in users.teamserve_users_listing(TEAM, list(keys), "5", AT):
+    effective = {u["name"]: u for u in caddy_users.caddy_users_effective(TEAM, keys, "5", "288000")}
+    for line in users.teamserve_users_listing(TEAM, list(keys), "5", AT, "", "288000"):
         name = line.split()[0]
-        assert f"in flight: {effective[name]} sequences;" in line
+        assert f"in flight: {effective[name]['max_inflight']} sequences;" in line
+        assert f"; tokens/day: {effective[name]['tokens_per_day']}" in line
+        per_minute = effective[name]["tokens_per_minute"]
+        assert line.endswith(f"; tokens/min: {per_minute}") if per_minute else "tokens/min" not in line
 
 
 def test_without_a_plan_the_list_says_why():
@@ -108,12 +114,14 @@ def users_list(tmp_path: pathlib.Path, **box: object) -> subprocess.CompletedPro
 
 def test_users_yml_list_reads_the_cap_from_the_plan_the_box_records(tmp_path):
     record = tmp_path / "plan.json"  # the shape the vllm role records (/var/lib/teamserve/plan.json)
-    record.write_text(json.dumps({"gpus": [], "plan": {"admission": {"user_max_inflight": 6, "user_fair_share": 3}}}))
+    record.write_text(json.dumps({"gpus": [], "plan": {"admission": {"user_max_inflight": 6, "user_fair_share": 3,
+                                                                     "user_tokens_per_day": 288000}}}))
     run = users_list(tmp_path, vllm_plan_record=str(record))
     out = " ".join(run.stdout.split())
-    assert "alice key: yes; expires: never; rate: 120/1m; in flight: 8 sequences; lane: interactive" in out
+    assert "alice key: yes; expires: never; rate: 120/1m; in flight: 8 sequences; lane: interactive; " \
+           "tokens/day: 50000; tokens/min: 6000" in out
     assert "bob key: none (no access; issue one); expires: 2025-12-01 - EXPIRED, answered 401; rate: 60/1m; " \
-           "in flight: 6 sequences; lane: interactive" in out
+           "in flight: 6 sequences; lane: interactive; tokens/day: 288000" in out
     assert "nightly key: yes; expires: 2030-01-01; rate: 600/1h; in flight: 3 sequences; lane: batch" in out
     assert "per-user share" not in out
     assert "a" * 48 not in run.stdout and "n" * 48 not in run.stdout and "k" * 48 not in run.stdout

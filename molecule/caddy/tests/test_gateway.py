@@ -170,9 +170,14 @@ def test_each_user_sees_their_own_limits_and_the_gateways_state(base_url, ca_fil
     me = raw(base_url, ca_file, "/v1/me", keys["bob"])
     assert me.status_code == 200 and me.headers["content-type"].startswith("application/json"), me.text
     assert me.headers["cache-control"] == "no-store"
-    assert me.json() == {"object": "teamserve.me", "user": "bob", "lane": "interactive",
-                         "max_in_flight_sequences": 8, "rate_limit": {"events": 1000, "window": "1m"},
-                         "key_expires_at": 0, "gateway": {"state": "serving", "retry_after_seconds": None}}
+    mine = me.json()
+    tokens = mine.pop("tokens")
+    assert mine == {"object": "teamserve.me", "user": "bob", "lane": "interactive",
+                    "max_in_flight_sequences": 8, "rate_limit": {"events": 1000, "window": "1m"},
+                    "key_expires_at": 0, "gateway": {"state": "serving", "retry_after_seconds": None}}
+    midnight = (int(time.time()) // 86400 + 1) * 86400  # the next 00:00 UTC
+    assert tokens["per_day"] == 0 and tokens["used_today"] >= 0 and tokens["resets_at"] in (midnight, midnight + 86400)
+    assert tokens["per_minute"] == 0 and tokens["used_last_minute"] >= 0
     assert raw(base_url, ca_file, "/v1/me", keys["grace"]).json()["rate_limit"] == {"events": 3, "window": "1m"}
     assert_openai_error(raw(base_url, ca_file, "/v1/me"), 401, "invalid_api_key")
     answer = httpx.post(base_url + "/chat/completions", verify=ca_file, timeout=30,
@@ -189,6 +194,71 @@ def test_each_user_sees_their_own_limits_and_the_gateways_state(base_url, ca_fil
     finally:
         run_converge({"caddy_state": "serving"}, playbook=SCENARIO / "state.yml")
     assert raw(base_url, ca_file, "/v1/me", keys["bob"]).json()["gateway"]["state"] == "serving"
+
+
+def chat_as(base_url: str, ca_file: str, key: str, max_tokens: int, request_id: str = "", **extra) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}", **({"X-Request-Id": request_id} if request_id else {})}
+    return httpx.post(base_url + "/chat/completions", verify=ca_file, timeout=30, headers=headers,
+                      json={"model": "fixture", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "Hi"}],
+                            **extra})
+
+
+def test_a_user_past_their_daily_token_budget_is_refused_until_midnight_utc(host, base_url, ca_file, keys):
+    """hana's budget is 30 tokens a day. Each answer tells her her tokens today (the engine's usage, a
+    stream's included: the gateway asks the engine for it and keeps the usage chunk from her); at 33 she
+    gets 429 token_budget_exceeded naming the budget and the reset, with Retry-After until 00:00 UTC, while
+    bob is served; /v1/me shows it; the ledger file holds it."""
+    first = chat_as(base_url, ca_file, keys["hana"], 10)  # 1 prompt + 10 completion tokens
+    assert first.status_code == 200 and first.headers["x-teamserve-tokens-per-day"] == "30", first.text
+    before = int(first.headers["x-teamserve-tokens-today"])
+    stream = chat_as(base_url, ca_file, keys["hana"], 10, stream=True)
+    assert stream.status_code == 200 and int(stream.headers["x-teamserve-tokens-today"]) == before + 11
+    events = [line for line in stream.text.splitlines() if line.startswith("data: {")]
+    assert len(events) == 10 and '"usage"' not in stream.text, stream.text  # no usage chunk he did not ask for
+    asked = chat_as(base_url, ca_file, keys["hana"], 10, stream=True, stream_options={"include_usage": True})
+    assert '"choices": [], "usage"' in asked.text and int(asked.headers["x-teamserve-tokens-today"]) == before + 22
+    refused_id = str(uuid.uuid4())
+    refused = chat_as(base_url, ca_file, keys["hana"], 1, refused_id)
+    assert_openai_error(refused, 429, "token_budget_exceeded")
+    message = refused.json()["error"]["message"]
+    assert f"used {before + 33} of its 30 tokens" in message and "T00:00:00Z" in message, message
+    midnight = (int(time.time()) // 86400 + 1) * 86400
+    assert 0 < int(refused.headers["retry-after"]) <= midnight - int(time.time()) + 2
+    assert chat_as(base_url, ca_file, keys["bob"], 1).status_code == 200  # others are served
+    me = raw(base_url, ca_file, "/v1/me", keys["hana"]).json()["tokens"]
+    assert {k: me[k] for k in ("per_day", "used_today", "resets_at")} == {"per_day": 30, "used_today": before + 33,
+                                                                         "resets_at": midnight}
+    entry = access_log_entry(host, refused_id)
+    assert (entry["user"], entry["status"], entry["refused"]) == ("hana", 429, "token_budget_exceeded")
+    # The day's counts are kept for a restart (tests/test_users.py restarts the gateway last and asks again).
+    deadline = time.monotonic() + 10  # written within a second of a change
+    while json.loads(host.file("/var/lib/caddy/teamserve-tokens.json").content_string or "{}").get(
+            "tokens", {}).get("hana") != before + 33:
+        assert time.monotonic() < deadline, host.file("/var/lib/caddy/teamserve-tokens.json").content_string
+        time.sleep(0.5)
+    assert host.file("/var/lib/caddy/teamserve-tokens.json").mode == 0o600
+
+
+def test_a_user_past_their_per_minute_token_budget_waits_for_the_minute_to_slide(host, base_url, ca_file, keys):
+    """ines may use 25 tokens in any 60 s. Her answers say how many her last minute used; once two answers
+    of 13 tokens (26) are in it she gets 429 tokens_per_minute_exceeded naming both figures, with
+    Retry-After no longer than the minute, while bob is served; /v1/me shows the same figures."""
+    first = chat_as(base_url, ca_file, keys["ines"], 12)  # 1 prompt + 12 completion tokens
+    assert first.status_code == 200 and first.headers["x-teamserve-tokens-per-minute"] == "25", first.text
+    assert first.headers["x-teamserve-tokens-last-minute"] == "0"
+    second = chat_as(base_url, ca_file, keys["ines"], 12)
+    assert second.status_code == 200 and second.headers["x-teamserve-tokens-last-minute"] == "13", second.text
+    refused_id = str(uuid.uuid4())
+    refused = chat_as(base_url, ca_file, keys["ines"], 1, refused_id)
+    assert_openai_error(refused, 429, "tokens_per_minute_exceeded")
+    message = refused.json()["error"]["message"]
+    assert "used 26 tokens in the last minute" in message and "25 tokens per minute" in message, message
+    assert 0 < int(refused.headers["retry-after"]) <= 60
+    assert chat_as(base_url, ca_file, keys["bob"], 1).status_code == 200  # others are served
+    me = raw(base_url, ca_file, "/v1/me", keys["ines"]).json()["tokens"]
+    assert (me["per_minute"], me["used_last_minute"], me["per_day"]) == (25, 26, 0), me
+    entry = access_log_entry(host, refused_id)
+    assert (entry["user"], entry["status"], entry["refused"]) == ("ines", 429, "tokens_per_minute_exceeded")
 
 
 def test_server_full_gets_503_with_retry_after(base_url, ca_file, keys, gateway_vars):

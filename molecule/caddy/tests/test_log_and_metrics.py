@@ -20,7 +20,8 @@ READER = "logreader"
 CODES = {400: {"request_body_incomplete", "too_many_sequences", "invalid_type", "integer_below_min_value",
               "unsupported_encoding"},
          401: {"invalid_api_key"}, 404: {"not_found"}, 408: {"request_timeout"}, 413: {"request_too_large"},
-         429: {"rate_limit_exceeded", "concurrency_limit_exceeded"}, 499: {None},
+         429: {"rate_limit_exceeded", "concurrency_limit_exceeded", "token_budget_exceeded",
+              "tokens_per_minute_exceeded"}, 499: {None},
          502: {"engine_unavailable"}, 503: {"server_full", "maintenance"}, 504: {"engine_timeout"}}
 
 
@@ -45,9 +46,12 @@ def test_every_refusal_carries_its_code_and_nothing_else_does(entries):
 
 def test_the_two_429s_are_told_apart_per_user(entries):
     """alice only ever exceeds her rate (3 a minute, one request at a time); dave only his in-flight cap
-    (the flood, the concurrency body test; 1,000 a minute)."""
+    (the flood, the concurrency body test; 1,000 a minute); hana only her daily token budget; ines only her
+    per-minute one."""
     assert kinds(entries, 429, "alice") == {"rate_limit_exceeded"}
     assert kinds(entries, 429, "dave") == {"concurrency_limit_exceeded"}
+    assert kinds(entries, 429, "hana") == {"token_budget_exceeded"}  # past her daily token budget
+    assert kinds(entries, 429, "ines") == {"tokens_per_minute_exceeded"}  # past her per-minute token budget
 
 
 def test_401_404_413_and_server_full_are_labelled(entries):

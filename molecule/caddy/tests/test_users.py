@@ -1,11 +1,13 @@
 """Key management (side_effect.yml ran playbooks/users.yml): rotate bob, revoke carol, issue dave, and
-frank's key expiring a minute after it was added. None of it may restart Caddy or the engine."""
+frank's key expiring a minute after it was added. None of it may restart Caddy or the engine (the last
+test restarts Caddy on purpose)."""
 from __future__ import annotations
 
 import json
 import re
 import time
 
+import httpx2 as httpx  # the HTTP library openai 3.x is built on
 from conftest import EPHEMERAL, SCENARIO, access_log_entries, run_converge
 from test_gateway import assert_openai_error, raw
 
@@ -74,3 +76,26 @@ def test_revoking_a_user_while_another_key_has_expired(base_url, ca_file, keys, 
     assert_openai_error(raw(base_url, ca_file, "/v1/models", keys["dave"]), 401, "invalid_api_key")
     assert_openai_error(raw(base_url, ca_file, "/v1/models", keys["frank"]), 401, "invalid_api_key")
     assert raw(base_url, ca_file, "/v1/models", keys["bob"]).status_code == 200
+
+
+def test_a_restart_of_the_gateway_keeps_the_days_tokens(host, base_url, ca_file, keys):
+    """Last in the scenario (it restarts Caddy): hana, past her daily budget in tests/test_gateway.py, is
+    still refused after `systemctl restart caddy` with the same count, which the gateway read back from its
+    ledger file."""
+    before = raw(base_url, ca_file, "/v1/me", keys["hana"]).json()["tokens"]
+    assert before["used_today"] >= before["per_day"] == 30, before
+    assert host.run("systemctl restart caddy").rc == 0
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            after = raw(base_url, ca_file, "/v1/me", keys["hana"]).json()["tokens"]
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the gateway did not come back after its restart"
+            time.sleep(0.5)
+    assert after == before
+    refused = httpx.post(base_url + "/chat/completions", verify=ca_file, timeout=30,
+                         headers={"Authorization": f"Bearer {keys['hana']}"},
+                         json={"model": "fixture", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
+    assert_openai_error(refused, 429, "token_budget_exceeded")
+    assert f"used {before['used_today']} of its 30 tokens" in refused.json()["error"]["message"]

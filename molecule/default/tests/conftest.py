@@ -143,8 +143,8 @@ def gateway_verify(testbed_vars):
 @pytest.fixture(scope="session")
 def engine_as_converged() -> dict:
     """The engine's argv as converge deployed it ({"cmd": [...]}), kept by the first test module that looks
-    at the engine before changing it: test_vllm_engine.py's changed-flag test leaves another argv, and
-    test_upgrade.py's rollback must put this one back."""
+    at the engine before changing it: the rollbacks in test_vllm_engine.py and test_upgrade.py must put this
+    one back."""
     return {}
 
 

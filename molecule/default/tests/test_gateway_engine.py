@@ -204,6 +204,62 @@ def test_access_log_names_users_and_holds_no_key(host, testbed_vars, keys, vault
     assert vault_view(GROUP_VARS / "caddy_keys.vault.yml")["caddy_user_keys"] == keys
 
 
+def mtail_tokens(host, user: str) -> dict[str, float]:
+    """The per-user token counters mtail exports on the box's loopback: kind (prompt, completion) -> tokens."""
+    out: dict[str, float] = {}
+    for line in host.check_output("curl -sf http://127.0.0.1:3903/metrics").splitlines():
+        match = re.match(r'teamserve_gateway_tokens_total\{(.*)\} (\S+)$', line)
+        kind = re.search(r'kind="(\w+)"', match.group(1)) if match else None
+        if match and kind and f'user="{user}"' in match.group(1):
+            out[kind.group(1)] = out.get(kind.group(1), 0.0) + float(match.group(2))
+    return out
+
+
+def test_tokens_counted_per_user_equal_the_engines_usage(host, testbed_vars, keys, gateway_verify):
+    """Chat, completions and two streams through the gateway: each access-log entry carries the engine's
+    prompt and completion tokens, their sums equal what the engine's own counters rose by, and mtail's
+    per-user counters rise by as much. A stream whose client did not ask for usage is asked for it by the
+    gateway, and the client never sees the usage chunk; one that asked gets it."""
+    client = sdk(testbed_vars, keys["alice"], gateway_verify)
+    engine_before, counted_before = engine_metrics(host), mtail_tokens(host, "alice")
+    seen = []  # the usage the client was shown, where it asked for it
+    chat = client.chat.completions.create(model="tiny", max_tokens=6, messages=[{"role": "user", "content": "Hi"}])
+    seen.append((chat.usage.prompt_tokens, chat.usage.completion_tokens))
+    text = client.completions.create(model="tiny", max_tokens=5, prompt="One two three")
+    seen.append((text.usage.prompt_tokens, text.usage.completion_tokens))
+    chunks = list(client.chat.completions.create(model="tiny", stream=True, max_tokens=7,
+                                                 messages=[{"role": "user", "content": "Count."}]))
+    assert chunks and all(c.choices and c.usage is None for c in chunks), "a usage chunk the client did not ask for"
+    asked = list(client.chat.completions.create(model="tiny", stream=True, max_tokens=4,
+                                                stream_options={"include_usage": True},
+                                                messages=[{"role": "user", "content": "Go."}]))
+    assert asked[-1].choices == [] and asked[-1].usage is not None
+    seen.append((asked[-1].usage.prompt_tokens, asked[-1].usage.completion_tokens))
+    entries = [json.loads(line) for line in host.file("/var/log/caddy/access.log").content_string.splitlines()
+               if line.strip()]
+    logged = [(e.get("prompt_tokens"), e.get("completion_tokens")) for e in entries
+              if e.get("user") == "alice" and e["status"] == 200][-4:]
+    assert None not in {t for pair in logged for t in pair}, logged
+    assert [logged[0], logged[1], logged[3]] == seen, (logged, seen)
+    want = {"prompt": sum(p for p, _ in logged), "completion": sum(c for _, c in logged)}
+
+    def engine_rise() -> dict[str, float]:
+        # Each finished request's prompt and generated tokens, as the engine records them per request.
+        after = engine_metrics(host)
+        return {kind: after[name] - engine_before[name] for kind, name in
+                (("prompt", "vllm:request_prompt_tokens_sum"), ("completion", "vllm:request_generation_tokens_sum"))}
+
+    def counted_rise() -> dict[str, float]:
+        counted = mtail_tokens(host, "alice")
+        return {k: counted.get(k, 0.0) - counted_before.get(k, 0.0) for k in want}
+
+    deadline = time.monotonic() + 30  # the engine publishes its stats, and mtail reads the log, as they come
+    while (engine_rise() != want or counted_rise() != want) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert engine_rise() == want, (engine_rise(), logged)
+    assert counted_rise() == want, (counted_rise(), logged)
+
+
 def test_dockerd_restart_keeps_streams_in_flight(host, testbed_vars, keys, gateway_verify):
     """Four streams are in flight through the gateway while dockerd restarts (live-restore on). Each must
     end as a whole answer ([DONE] after every token) or with an error event; none may just stop. The

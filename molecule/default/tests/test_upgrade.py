@@ -9,8 +9,7 @@ upgrade runs, a client keeps asking the gateway and records what it is told. Tra
 testbed box (10.231.0.10).
 
 These tests change the engine's image digest, so they run after every other test of the scenario
-(conftest.py orders them last); the broken upgrade's rollback also puts back the flags converge
-deployed, which test_vllm_engine.py's changed-flag test leaves changed.
+(conftest.py orders them last); each rollback must put back the argv converge deployed.
 """
 
 from __future__ import annotations

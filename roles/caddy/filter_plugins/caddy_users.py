@@ -122,10 +122,16 @@ def caddy_users_problems(users: Any, keys: Any, min_key_length: int = 32, extra_
                                 "the same); rename one of them")
             seen_names.add(name)
             seen_identifiers.setdefault(caddy_user_identifier(name), name)
-        unknown = sorted(set(user) - {"name", "key", "rate_limit", "expires", "max_inflight", "lane"})
+        unknown = sorted(set(user) - {"name", "key", "rate_limit", "expires", "max_inflight", "lane", "tokens_per_day",
+                                      "tokens_per_minute"})
         if unknown:
             problems.append(f"{where}: unknown field(s) {unknown}; allowed: name, key, rate_limit, expires, "
-                            "max_inflight, lane")
+                            "max_inflight, lane, tokens_per_day, tokens_per_minute")
+        for field in ("tokens_per_day", "tokens_per_minute"):
+            budget = user.get(field)
+            if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+                problems.append(f"{where}.{field}={budget!r} must be a whole number of tokens >= 0 (0 = no "
+                                f"budget); remove it to get the default (caddy_user_{field})")
         if user.get("lane") is not None and user["lane"] not in LANES:
             problems.append(f"{where}.lane={user['lane']!r} is not a lane; use one of {', '.join(LANES)} "
                             "(batch: always scheduled after interactive work, half the default in-flight cap), "
@@ -214,18 +220,22 @@ def caddy_rate_tier(events: int, window: str) -> str:
     return f"rate_{int(events)}_per_{window}"
 
 
-def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1) -> list[dict]:
+def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1,
+                          default_tokens_per_day: Any = 0, default_tokens_per_minute: Any = 0) -> list[dict]:
     """Normalise the (already checked) user list for the Caddyfile template.
 
     Inputs as for caddy_users_problems, plus ``default_max_inflight`` (requests; caddy_user_max_inflight)
-    for users without their own ``max_inflight``. Output: one dict per user that HAS a key (users
+    for users without their own ``max_inflight`` and ``default_tokens_per_day`` (tokens per UTC day;
+    caddy_user_tokens_per_day, 0 = none) for users without their own ``tokens_per_day``, and
+    ``default_tokens_per_minute`` (tokens in the last 60 s; caddy_user_tokens_per_minute, 0 = none) for
+    users without their own ``tokens_per_minute``. Output: one dict per user that HAS a key (users
     without a key are not issued or were revoked, and get no access): ``name``, ``key_sha256`` (the key's
     SHA-256, 64 lowercase hex digits: the gateway's api_key_map matches it, so the key itself is never
-    written to the Caddyfile), ``events`` (int),
-    ``window`` (Caddy duration string), ``rate_tier`` (zone name, caddy_rate_tier), ``max_inflight``
-    (int engine sequences; a user without their own gets caddy_user_lane_cap), ``lane`` (one of LANES,
-    default interactive) and ``expires_epoch`` (int Unix seconds, 0 = never), sorted by name so the rendered
-    file does not change when the inventory order does.
+    written to the Caddyfile), ``events`` (int), ``window`` (Caddy duration string), ``rate_tier`` (zone
+    name, caddy_rate_tier), ``max_inflight`` (int engine sequences; a user without their own gets
+    caddy_user_lane_cap), ``lane`` (one of LANES, default interactive), ``tokens_per_day`` and
+    ``tokens_per_minute`` (int tokens, 0 = no budget) and ``expires_epoch`` (int Unix seconds, 0 = never),
+    sorted by name so the rendered file does not change when the inventory order does.
     """
     result = []
     for user in users:
@@ -244,6 +254,10 @@ def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1)
             "rate_tier": caddy_rate_tier(events, window),
             "max_inflight": int(cap) if cap is not None else caddy_user_lane_cap(lane, default_max_inflight),
             "lane": lane,
+            "tokens_per_day": int(user["tokens_per_day"] if user.get("tokens_per_day") is not None
+                                  else default_tokens_per_day or 0),
+            "tokens_per_minute": int(user["tokens_per_minute"] if user.get("tokens_per_minute") is not None
+                                     else default_tokens_per_minute or 0),
             "expires_epoch": caddy_expiry_epoch(expires) if expires not in (None, "") else 0,
         })
     return sorted(result, key=lambda u: u["name"])

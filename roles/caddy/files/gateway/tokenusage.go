@@ -1,0 +1,626 @@
+// token_usage is a Caddy HTTP handler that reads the engine's own token counts from each answer and
+// puts them in the request's access-log entry as "prompt_tokens" and "completion_tokens" (integers),
+// where the monitoring role's mtail program counts them per user; with a ledger, it also keeps each
+// key's tokens of the day (UTC) and of the last minute, and refuses a key past its daily or per-minute
+// budget.
+//
+// Caddyfile (inside the route, just before reverse_proxy):
+//
+//	token_usage [{
+//		max_size       <bytes>        # the most request body bytes read (default 64 MiB; larger: 413)
+//		max_answer     <bytes>        # the most bytes of a non-streamed answer kept to read its usage (default 4 MiB)
+//		key            <placeholder>  # whose tokens, e.g. {teamserve_user}; needs ledger
+//		ledger         <file>         # where the day's counts per key are kept (tokenbudget.go)
+//		tokens_per_day <n|placeholder> # the key's daily budget, prompt + completion tokens; 0 = none
+//		tokens_per_minute <n|placeholder> # the same over the last 60 s (sliding); 0 = none
+//	}]
+//
+// Budget: a request of a key whose tokens today are at or past its tokens_per_day is answered at once
+// with 429 and an OpenAI-style error (type "tokens", code "token_budget_exceeded") naming the budget
+// and the reset time (00:00 UTC), with Retry-After the seconds until then; its access-log entry gets
+// "refused": "token_budget_exceeded". The check is made when a request arrives and the tokens are
+// counted when its answer ends, so requests already running may take a key past its budget by what
+// they use. Per minute: a key whose answers that ended in the last 60 s used tokens_per_minute or more
+// gets 429 "tokens_per_minute_exceeded" (type "tokens"), with Retry-After the seconds until enough of
+// those answers are older than a minute. Every answer of a key with a ledger carries
+// X-Teamserve-Tokens-Today (its tokens today before this request) and, with a budget,
+// X-Teamserve-Tokens-Per-Day, X-Teamserve-Tokens-Last-Minute and X-Teamserve-Tokens-Per-Minute; the
+// same figures are the placeholders {token_usage.tokens_today}, {token_usage.resets_at} (Unix seconds)
+// and {token_usage.tokens_last_minute} for the handlers after it (e.g. a respond that tells users where
+// they stand; without tokens_per_day and tokens_per_minute, nothing is refused).
+//
+// What is read, in vLLM's and OpenAI's shapes:
+//
+//   - a JSON answer (chat, completions, embeddings, responses): its top-level "usage"
+//     {"prompt_tokens", "completion_tokens"} or, for /v1/responses, {"input_tokens", "output_tokens"};
+//   - a server-sent-events stream: the "usage" of the last chunk that has one (with stream_options
+//     include_usage the engine sends it in a last chunk whose "choices" is empty), or, for
+//     /v1/responses, the "response"."usage" of its response.completed event.
+//
+// A stream counts only if the engine is asked for its usage, so a JSON object body with "stream": true
+// and without "stream_options": {"include_usage": true} gets include_usage added (other stream_options
+// members kept; every other byte of the body as the client sent it) and the usage-only chunk the client
+// did not ask for is taken out of the stream before it reaches the client. A client that asked keeps it.
+//
+// Only answers with a 2xx status are read; an answer without usage (an error, a cut stream, a body over
+// max_answer) adds no field. A JSON body in UTF-16/32 is forwarded unchanged (request_priority refuses
+// it where it runs). Server-sent events go out whole: the handler holds at most one incomplete event
+// and writes each complete one as it arrives, so a stream is not delayed by more than the engine's own
+// chunking.
+//
+// Source of the shapes: OpenAI's API reference (chat completion chunk, stream_options.include_usage;
+// responses streaming events) and vLLM's OpenAI-compatible server, which emits the usage-only chunk
+// with empty choices when include_usage is set and omits unset fields from other chunks.
+
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// Access-log fields token_usage sets.
+const (
+	PromptTokensLogField     = "prompt_tokens"
+	CompletionTokensLogField = "completion_tokens"
+)
+
+// DefaultMaxAnswer is the most bytes of a non-streamed answer kept to read its usage unless max_answer
+// says otherwise: a chat answer of the largest context the planner allows is well under it.
+const DefaultMaxAnswer = 4 << 20
+
+func init() {
+	caddy.RegisterModule(TokenUsage{})
+	httpcaddyfile.RegisterHandlerDirective("token_usage", parseTokenUsageCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("token_usage", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// TokenUsage records each answer's prompt and completion tokens in the access log.
+type TokenUsage struct {
+	// MaxSize is the most request body bytes read; a larger body is refused with 413. Default DefaultBodyMax.
+	MaxSize int64 `json:"max_size,omitempty"`
+	// MaxAnswer is the most bytes of a non-streamed answer kept to read its usage. Default DefaultMaxAnswer.
+	MaxAnswer int64 `json:"max_answer,omitempty"`
+	// Key names whose tokens a request's are (placeholders, expanded per request). Needs Ledger.
+	Key string `json:"key,omitempty"`
+	// Ledger is the file the day's tokens per key are kept in. Needs Key.
+	Ledger string `json:"ledger,omitempty"`
+	// TokensPerDay is the key's budget of prompt + completion tokens per UTC day: an integer >= 0 (0 =
+	// none), or placeholders that expand to one per request. Needs Key and Ledger.
+	TokensPerDay string `json:"tokens_per_day,omitempty"`
+	// TokensPerMinute is the key's budget of prompt + completion tokens in the last 60 s (sliding), in
+	// the same forms as TokensPerDay. Needs Key and Ledger.
+	TokensPerMinute string `json:"tokens_per_minute,omitempty"`
+
+	logger *zap.Logger
+	ledger *tokenLedger
+}
+
+// Placeholders token_usage sets with a ledger: the key's tokens today before this request, and when the
+// day's counts start again (Unix seconds).
+const (
+	TokensTodayPlaceholder      = "token_usage.tokens_today"
+	TokensResetPlaceholder      = "token_usage.resets_at"
+	TokensLastMinutePlaceholder = "token_usage.tokens_last_minute"
+)
+
+// The error codes (and access-log "refused" values) of a request past its key's daily or per-minute budget.
+const (
+	TokenBudgetCode    = "token_budget_exceeded"
+	TokenPerMinuteCode = "tokens_per_minute_exceeded"
+)
+
+// CaddyModule returns the Caddy module information.
+func (TokenUsage) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.token_usage",
+		New: func() caddy.Module { return new(TokenUsage) },
+	}
+}
+
+// Provision fills in the defaults.
+func (t *TokenUsage) Provision(ctx caddy.Context) error {
+	t.logger = ctx.Logger()
+	if t.MaxSize == 0 {
+		t.MaxSize = DefaultBodyMax
+	}
+	if t.MaxAnswer == 0 {
+		t.MaxAnswer = DefaultMaxAnswer
+	}
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	if t.Ledger != "" {
+		value, _, err := ledgers.LoadOrNew(t.Ledger, func() (caddy.Destructor, error) {
+			return loadLedger(t.Ledger, t.logger, time.Now), nil
+		})
+		if err != nil {
+			return err
+		}
+		t.ledger = value.(*tokenLedger)
+	}
+	return nil
+}
+
+// Cleanup drops this config's reference to the ledger (the last one writes it).
+func (t *TokenUsage) Cleanup() error {
+	if t.ledger != nil {
+		_, err := ledgers.Delete(t.Ledger)
+		return err
+	}
+	return nil
+}
+
+// Validate reports configuration errors (also run by Provision).
+func (t *TokenUsage) Validate() error {
+	if t.MaxSize < 0 {
+		return fmt.Errorf("token_usage: max_size %d must be >= 1 byte", t.MaxSize)
+	}
+	if t.MaxAnswer < 0 {
+		return fmt.Errorf("token_usage: max_answer %d must be >= 1 byte", t.MaxAnswer)
+	}
+	if (t.Key == "") != (t.Ledger == "") {
+		return fmt.Errorf("token_usage: key and ledger go together (key %q, ledger %q)", t.Key, t.Ledger)
+	}
+	for option, value := range map[string]string{"tokens_per_day": t.TokensPerDay, "tokens_per_minute": t.TokensPerMinute} {
+		if value != "" && t.Key == "" {
+			return fmt.Errorf("token_usage: %s needs key and ledger", option)
+		}
+		if value != "" && !strings.Contains(value, "{") {
+			if _, err := parseTokens(value); err != nil {
+				return fmt.Errorf("token_usage: %s %q: %v", option, value, err)
+			}
+		}
+	}
+	return nil
+}
+
+// budget expands a budget option for this request: 0 when unset; an error when it is not a count.
+func (t *TokenUsage) budget(repl *caddy.Replacer, option, value string) (int64, error) {
+	if value == "" {
+		return 0, nil
+	}
+	text := repl.ReplaceAll(value, "")
+	n, err := parseTokens(text)
+	if err != nil { // a config error: fail closed, say why in the log
+		t.logger.Error("token_usage: unusable budget", zap.String(option, text), zap.Error(err))
+		return 0, caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("token_usage: %s %q: %v", option, text, err))
+	}
+	return n, nil
+}
+
+// parseTokens reads a token count >= 0.
+func parseTokens(s string) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("not an integer")
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("must be >= 0")
+	}
+	return n, nil
+}
+
+// tokenCounts is an answer's usage, in tokens.
+type tokenCounts struct {
+	prompt, completion int
+}
+
+// usageJSON is "usage" in either naming (chat/completions/embeddings, or responses).
+type usageJSON struct {
+	PromptTokens     *int `json:"prompt_tokens"`
+	CompletionTokens *int `json:"completion_tokens"`
+	InputTokens      *int `json:"input_tokens"`
+	OutputTokens     *int `json:"output_tokens"`
+}
+
+func (u *usageJSON) counts() (tokenCounts, bool) {
+	if u == nil {
+		return tokenCounts{}, false
+	}
+	prompt, completion := u.PromptTokens, u.CompletionTokens
+	if prompt == nil {
+		prompt, completion = u.InputTokens, u.OutputTokens
+	}
+	if prompt == nil || *prompt < 0 || completion != nil && *completion < 0 {
+		return tokenCounts{}, false
+	}
+	c := tokenCounts{prompt: *prompt}
+	if completion != nil { // embeddings have none
+		c.completion = *completion
+	}
+	return c, true
+}
+
+// ServeHTTP refuses a key past its budget, asks a stream for its usage, then reads the usage from the
+// answer on its way out.
+func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	key := ""
+	if t.ledger != nil {
+		repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		key = repl.ReplaceAll(t.Key, "")
+		used, reset := t.ledger.used(key)
+		w.Header().Set("X-Teamserve-Tokens-Today", strconv.FormatInt(used, 10))
+		repl.Set(TokensTodayPlaceholder, used)
+		repl.Set(TokensResetPlaceholder, reset.Unix())
+		perDay, err := t.budget(repl, "tokens_per_day", t.TokensPerDay)
+		if err != nil {
+			return err
+		}
+		perMinute, err := t.budget(repl, "tokens_per_minute", t.TokensPerMinute)
+		if err != nil {
+			return err
+		}
+		lastMinute, free := t.ledger.lastMinute(key, perMinute)
+		repl.Set(TokensLastMinutePlaceholder, lastMinute)
+		if perDay > 0 {
+			w.Header().Set("X-Teamserve-Tokens-Per-Day", strconv.FormatInt(perDay, 10))
+		}
+		if perMinute > 0 {
+			w.Header().Set("X-Teamserve-Tokens-Last-Minute", strconv.FormatInt(lastMinute, 10))
+			w.Header().Set("X-Teamserve-Tokens-Per-Minute", strconv.FormatInt(perMinute, 10))
+		}
+		switch now := t.ledger.now(); {
+		case perDay > 0 && used >= perDay: // the longer wait first
+			logRefusal(r, TokenBudgetCode)
+			return refuseTokenBudget(w, used, perDay, reset, now)
+		case perMinute > 0 && lastMinute >= perMinute:
+			logRefusal(r, TokenPerMinuteCode)
+			return refuseTokensPerMinute(w, lastMinute, perMinute, free, now)
+		}
+	}
+	strip := false
+	if hasJSONBody(r) {
+		body, err := bufferedBody(r, t.MaxSize)
+		if err != nil {
+			return bodyReadError("token_usage", t.MaxSize, err, t.logger)
+		}
+		if doc, prefix, kind := engineJSON(body); kind == docObject {
+			if rewritten, added := withStreamUsage(doc); added {
+				if prefix > 0 { // keep the byte order mark, which the engine skips
+					rewritten = append(body[:prefix:prefix], rewritten...)
+				}
+				replaceBody(r, rewritten)
+				strip = true
+			}
+		}
+	}
+	rec := &usageRecorder{ResponseWriter: w, strip: strip, maxAnswer: t.MaxAnswer}
+	// Deferred: a client that hangs up right after the last event makes reverse_proxy abort, and the
+	// access log is still written.
+	defer func() {
+		rec.log(r)
+		if t.ledger != nil && rec.found {
+			t.ledger.add(key, int64(rec.usage.prompt)+int64(rec.usage.completion))
+		}
+	}()
+	err := next.ServeHTTP(rec, r)
+	if ferr := rec.finish(); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// refuseTokenBudget writes the 429 for a key at or past its daily budget.
+func refuseTokenBudget(w http.ResponseWriter, used, budget int64, reset, now time.Time) error {
+	wait := int(math.Ceil(reset.Sub(now).Seconds()))
+	message := fmt.Sprintf("This API key has used %d of its %d tokens for today (prompt and completion tokens, "+
+		"UTC day); the budget resets at %s. Retry after the number of seconds in the Retry-After header, or ask "+
+		"the admin for a larger tokens_per_day.", used, budget, reset.UTC().Format(time.RFC3339))
+	return writeOpenAIError(w, http.StatusTooManyRequests, message, "tokens", "", TokenBudgetCode, max(1, wait))
+}
+
+// refuseTokensPerMinute writes the 429 for a key at or past its per-minute budget; free is when its
+// last minute's tokens drop below the budget.
+func refuseTokensPerMinute(w http.ResponseWriter, used, budget int64, free, now time.Time) error {
+	wait := max(1, int(math.Ceil(free.Sub(now).Seconds())))
+	message := fmt.Sprintf("This API key's answers used %d tokens in the last minute, at or past its %d tokens per "+
+		"minute (prompt and completion tokens); retry in %d s (the Retry-After header), or ask the admin for a "+
+		"larger tokens_per_minute.", used, budget, wait)
+	return writeOpenAIError(w, http.StatusTooManyRequests, message, "tokens", "", TokenPerMinuteCode, wait)
+}
+
+// lastMember returns the value of the last top-level member called name of the object doc (the one
+// the engine's JSON parser keeps), or nil.
+func lastMember(doc []byte, name string) []byte {
+	var value []byte
+	members(doc, func(m member) {
+		if isName(m.name, name) {
+			value = doc[m.start:m.end]
+		}
+	})
+	return value
+}
+
+// withStreamUsage returns doc with "stream_options"."include_usage" set to true, and true, when doc
+// asks for a stream ("stream": true) without asking for its usage; otherwise doc and false. A
+// stream_options that is neither an object nor null is left for the engine to refuse.
+func withStreamUsage(doc []byte) ([]byte, bool) {
+	if stream := lastMember(doc, "stream"); stream == nil || string(stream) != "true" {
+		return doc, false
+	}
+	options := lastMember(doc, "stream_options")
+	switch {
+	case options == nil || string(options) == "null":
+		options = []byte(`{"include_usage":true}`)
+	case options[0] == '{':
+		if string(lastMember(options, "include_usage")) == "true" {
+			return doc, false
+		}
+		options = withMember(options, "include_usage", []byte("true"))
+	default:
+		return doc, false
+	}
+	return withMember(doc, "stream_options", options), true
+}
+
+// usageRecorder passes an answer through to the client and reads its usage on the way.
+type usageRecorder struct {
+	http.ResponseWriter
+	strip     bool  // take the usage-only chunk out of a stream (the client did not ask for it)
+	maxAnswer int64 // the most bytes of a JSON answer kept
+
+	wroteHeader bool
+	mode        answerMode
+	pending     []byte       // a stream's incomplete event
+	answer      bytes.Buffer // a JSON answer, up to maxAnswer
+	overflow    bool
+	usage       tokenCounts
+	found       bool
+}
+
+type answerMode int
+
+const (
+	answerOther answerMode = iota // not read: an error, or a type without usage
+	answerJSON
+	answerEvents
+)
+
+func (u *usageRecorder) WriteHeader(status int) {
+	if !u.wroteHeader && status >= 200 { // 1xx informational answers come before the real one
+		u.wroteHeader = true
+		if status < 300 {
+			mediaType, _, _ := strings.Cut(u.Header().Get("Content-Type"), ";")
+			switch strings.ToLower(strings.TrimSpace(mediaType)) {
+			case "application/json":
+				u.mode = answerJSON
+			case "text/event-stream":
+				u.mode = answerEvents
+			}
+		}
+	}
+	u.ResponseWriter.WriteHeader(status)
+}
+
+func (u *usageRecorder) Write(p []byte) (int, error) {
+	if !u.wroteHeader {
+		u.WriteHeader(http.StatusOK)
+	}
+	switch u.mode {
+	case answerJSON:
+		if !u.overflow {
+			if int64(u.answer.Len()+len(p)) > u.maxAnswer {
+				u.overflow = true
+				u.answer = bytes.Buffer{}
+			} else {
+				u.answer.Write(p)
+			}
+		}
+	case answerEvents:
+		u.pending = append(u.pending, p...)
+		end := lastEventEnd(u.pending)
+		if end == 0 {
+			return len(p), nil
+		}
+		out := u.events(u.pending[:end])
+		u.pending = append(u.pending[:0], u.pending[end:]...)
+		if len(out) > 0 {
+			if _, err := u.ResponseWriter.Write(out); err != nil {
+				return 0, err
+			}
+		}
+		return len(p), nil
+	}
+	return u.ResponseWriter.Write(p)
+}
+
+// Flush sends what has been written to the client (an incomplete event stays until it is whole).
+// Found by http.ResponseController before Unwrap, so reverse_proxy's flushes come through here.
+func (u *usageRecorder) Flush() {
+	_ = http.NewResponseController(u.ResponseWriter).Flush()
+}
+
+// Unwrap gives http.ResponseController the writer underneath for everything else.
+func (u *usageRecorder) Unwrap() http.ResponseWriter { return u.ResponseWriter }
+
+// lastEventEnd returns the index just past the last blank line ("\n\n" or "\r\n\r\n") in b, 0 if none.
+func lastEventEnd(b []byte) int {
+	i := bytes.LastIndex(b, []byte("\n\n"))
+	j := bytes.LastIndex(b, []byte("\n\r\n"))
+	switch {
+	case i < 0 && j < 0:
+		return 0
+	case i > j:
+		return i + 2
+	default:
+		return j + 3
+	}
+}
+
+// events reads the usage from each complete event in b and returns the bytes to send on: all of b,
+// or b without the usage-only chunk when stripping.
+func (u *usageRecorder) events(b []byte) []byte {
+	var out []byte
+	rest := b
+	for len(rest) > 0 {
+		end := firstEventEnd(rest)
+		event := rest[:end]
+		rest = rest[end:]
+		if u.event(event) {
+			out = append(out, event...)
+		}
+	}
+	return out
+}
+
+// firstEventEnd returns the index just past the first blank line in b, len(b) if none.
+func firstEventEnd(b []byte) int {
+	i := bytes.Index(b, []byte("\n\n"))
+	j := bytes.Index(b, []byte("\n\r\n"))
+	switch {
+	case i < 0 && j < 0:
+		return len(b)
+	case j < 0 || i >= 0 && i < j:
+		return i + 2
+	default:
+		return j + 3
+	}
+}
+
+// event reads one event's usage and reports whether it goes on to the client.
+func (u *usageRecorder) event(event []byte) bool {
+	var data []byte
+	for _, line := range bytes.Split(event, []byte("\n")) {
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if payload, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data = append(data, bytes.TrimPrefix(payload, []byte(" "))...)
+		}
+	}
+	if len(data) == 0 || data[0] != '{' {
+		return true // [DONE], comments, keep-alives
+	}
+	var chunk struct {
+		Choices  *[]json.RawMessage `json:"choices"`
+		Usage    *usageJSON         `json:"usage"`
+		Type     string             `json:"type"`
+		Response *struct {
+			Usage *usageJSON `json:"usage"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(data, &chunk) != nil {
+		return true
+	}
+	usage := chunk.Usage
+	if chunk.Type == "response.completed" && chunk.Response != nil {
+		usage = chunk.Response.Usage
+	}
+	if counts, ok := usage.counts(); ok {
+		u.usage, u.found = counts, true
+		if u.strip && chunk.Choices != nil && len(*chunk.Choices) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// finish sends an incomplete last event as it is and reads a JSON answer's usage.
+func (u *usageRecorder) finish() error {
+	if len(u.pending) > 0 {
+		pending := u.pending
+		u.pending = nil
+		if _, err := u.ResponseWriter.Write(pending); err != nil {
+			return err
+		}
+	}
+	if u.mode == answerJSON && !u.overflow && u.answer.Len() > 0 {
+		var answer struct {
+			Usage *usageJSON `json:"usage"`
+		}
+		if json.Unmarshal(u.answer.Bytes(), &answer) == nil {
+			if counts, ok := answer.Usage.counts(); ok {
+				u.usage, u.found = counts, true
+			}
+		}
+	}
+	return nil
+}
+
+// log puts the usage in the request's access-log entry.
+func (u *usageRecorder) log(r *http.Request) {
+	if !u.found {
+		return
+	}
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok && extra != nil {
+		extra.Set(zap.Int(PromptTokensLogField, u.usage.prompt))
+		extra.Set(zap.Int(CompletionTokensLogField, u.usage.completion))
+	}
+}
+
+// UnmarshalCaddyfile reads
+//
+//	token_usage [{
+//		max_size <bytes>
+//		max_answer <bytes>
+//		key <placeholder>
+//		ledger <file>
+//		tokens_per_day <n|placeholder>
+//		tokens_per_minute <n|placeholder>
+//	}]
+func (t *TokenUsage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		option := d.Val()
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		value := d.Val()
+		switch option {
+		case "max_size", "max_answer":
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil || n < 1 {
+				return d.Errf("%s %q must be a whole number of bytes >= 1", option, value)
+			}
+			if option == "max_size" {
+				t.MaxSize = n
+			} else {
+				t.MaxAnswer = n
+			}
+		case "key":
+			t.Key = value
+		case "ledger":
+			t.Ledger = value
+		case "tokens_per_day":
+			t.TokensPerDay = value
+		case "tokens_per_minute":
+			t.TokensPerMinute = value
+		default:
+			return d.Errf("unknown token_usage option %q (max_size, max_answer, key, ledger, tokens_per_day, tokens_per_minute)", option)
+		}
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	return nil
+}
+
+func parseTokenUsageCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	t := new(TokenUsage)
+	err := t.UnmarshalCaddyfile(helper.Dispenser)
+	return t, err
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*TokenUsage)(nil)
+	_ caddy.Validator             = (*TokenUsage)(nil)
+	_ caddy.CleanerUpper          = (*TokenUsage)(nil)
+	_ caddyhttp.MiddlewareHandler = (*TokenUsage)(nil)
+	_ caddyfile.Unmarshaler       = (*TokenUsage)(nil)
+	_ http.Flusher                = (*usageRecorder)(nil)
+)

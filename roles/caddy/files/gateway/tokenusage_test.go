@@ -1,0 +1,401 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+)
+
+// usageEngine answers as vLLM's OpenAI server does: a JSON answer with "usage", or, for "stream": true,
+// server-sent events written a few bytes at a time (so events arrive split), with the usage-only chunk
+// (empty choices) only when stream_options.include_usage is true. It records the bodies it got.
+type usageEngine struct {
+	*httptest.Server
+	bodies chan string
+}
+
+const (
+	doublePrompt     = 17
+	doubleCompletion = 3
+)
+
+func newUsageEngine(t *testing.T) *usageEngine {
+	e := &usageEngine{bodies: make(chan string, 16)}
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		e.bodies <- string(raw)
+		var req struct {
+			Stream        bool `json:"stream"`
+			StreamOptions struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		_ = json.Unmarshal(raw, &req)
+		usage := fmt.Sprintf(`{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}`,
+			doublePrompt, doublePrompt+doubleCompletion, doubleCompletion)
+		switch {
+		case r.URL.Path == "/v1/bad":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"no"},"usage":`+usage+`}`)
+		case r.URL.Path == "/v1/responses" && req.Stream:
+			w.Header().Set("Content-Type", "text/event-stream")
+			writeSlowly(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n"+
+				"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":"+
+				"{\"input_tokens\":11,\"output_tokens\":5,\"total_tokens\":16}}}\n\n")
+		case r.URL.Path == "/v1/responses":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"object":"response","usage":{"input_tokens":11,"output_tokens":5,"total_tokens":16}}`)
+		case req.Stream:
+			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+			events := `data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hel"}}]}` + "\n\n" +
+				`data: {"id":"c","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}` + "\n\n"
+			if req.StreamOptions.IncludeUsage {
+				events += `data: {"id":"c","choices":[],"usage":` + usage + "}\n\n"
+			}
+			writeSlowly(w, events+"data: [DONE]\n\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"c","choices":[{"index":0,"message":{"content":"Hello"}}],"usage":`+usage+`}`)
+		}
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+// writeSlowly writes s in pieces of 7 bytes, flushing each, as a stream crosses the network.
+func writeSlowly(w http.ResponseWriter, s string) {
+	for len(s) > 0 {
+		n := min(7, len(s))
+		_, _ = io.WriteString(w, s[:n])
+		w.(http.Flusher).Flush()
+		s = s[n:]
+	}
+}
+
+// usageGateway runs token_usage before reverse_proxy to engine in a real Caddy with a JSON access log.
+func usageGateway(t *testing.T, engine *usageEngine) (*http.Client, string) {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), "access.log")
+	client, _ := frontGateway(t, fmt.Sprintf(`http:// {
+	bind unix/{socket}
+	log {
+		output file %s
+		format json
+	}
+	route {
+		token_usage
+		reverse_proxy %s {
+			flush_interval -1
+		}
+	}
+}`, logPath, engine.Listener.Addr().String()))
+	return client, logPath
+}
+
+func tokensLogged(entry map[string]any) (any, any) {
+	return entry[PromptTokensLogField], entry[CompletionTokensLogField]
+}
+
+// Chat and completions, streamed or not, log the engine's usage; a stream the client did not ask usage
+// for is asked for it, and the usage-only chunk is taken out before the client sees it, every other
+// event whole and in order; a client that asked keeps it and its body is forwarded as sent.
+func TestTokenUsageLogsTheEnginesCounts(t *testing.T) {
+	engine := newUsageEngine(t)
+	client, logPath := usageGateway(t, engine)
+	cases := []struct {
+		id, path, body  string
+		wantForwarded   string // "" = the client's body unchanged
+		wantUsageChunk  bool
+		wantPrompt      float64
+		wantCompletion  float64
+		wantEventsCount int
+	}{
+		{"chat", "/v1/chat/completions", `{"model":"m","messages":[]}`, "", false, doublePrompt, doubleCompletion, 0},
+		{"completions", "/v1/completions", `{"model":"m","prompt":"x","stream":false}`, "", false, doublePrompt, doubleCompletion, 0},
+		{"stream", "/v1/chat/completions", `{"model":"m", "stream": true, "messages":[]}`,
+			`{"stream_options":{"include_usage":true},"model":"m", "stream": true, "messages":[]}`, false, doublePrompt, doubleCompletion, 3},
+		{"stream-options", "/v1/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":false},"prompt":"x"}`,
+			`{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false},"prompt":"x"}`, false, doublePrompt, doubleCompletion, 3},
+		{"stream-null-options", "/v1/completions", `{"stream":true,"stream_options":null}`,
+			`{"stream":true,"stream_options":{"include_usage":true}}`, false, doublePrompt, doubleCompletion, 3},
+		{"stream-asked", "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true}}`, "", true, doublePrompt, doubleCompletion, 4},
+		{"responses", "/v1/responses", `{"input":"x"}`, "", false, 11, 5, 0},
+		{"responses-stream", "/v1/responses", `{"input":"x","stream":true,"stream_options":{"include_usage":true}}`, "", false, 11, 5, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.id, func(t *testing.T) {
+			got := post(context.Background(), client, "", c.path, c.body, "X-Request-Id", c.id)
+			if got.status != http.StatusOK {
+				t.Fatalf("answer %d %q", got.status, got.body)
+			}
+			forwarded := <-engine.bodies
+			if want := c.body; c.wantForwarded != "" {
+				want = c.wantForwarded
+				if forwarded != want {
+					t.Fatalf("engine got %s, want %s", forwarded, want)
+				}
+			} else if forwarded != want {
+				t.Fatalf("engine got %s, want the client's %s", forwarded, want)
+			}
+			if c.wantEventsCount > 0 {
+				events := strings.Split(strings.TrimSuffix(got.body, "\n\n"), "\n\n")
+				if len(events) != c.wantEventsCount {
+					t.Fatalf("client got %d events, want %d: %q", len(events), c.wantEventsCount, got.body)
+				}
+				if has := strings.Contains(got.body, `"choices":[],"usage"`); has != c.wantUsageChunk {
+					t.Fatalf("usage-only chunk at the client: %v, want %v: %q", has, c.wantUsageChunk, got.body)
+				}
+				if strings.HasPrefix(c.path, "/v1/c") && !strings.HasSuffix(got.body, "data: [DONE]\n\n") {
+					t.Fatalf("stream does not end with [DONE]: %q", got.body)
+				}
+			}
+			prompt, completion := tokensLogged(accessLogEntries(t, logPath, c.id))
+			if prompt != c.wantPrompt || completion != c.wantCompletion {
+				t.Fatalf("logged prompt %v completion %v, want %v and %v", prompt, completion, c.wantPrompt, c.wantCompletion)
+			}
+		})
+	}
+}
+
+// An error answer is not counted, even one that carries a "usage"; neither is a request whose body is
+// not JSON to the engine (forwarded unchanged).
+func TestTokenUsageCountsOnlyServedAnswers(t *testing.T) {
+	engine := newUsageEngine(t)
+	client, logPath := usageGateway(t, engine)
+	if got := post(context.Background(), client, "", "/v1/bad", `{"stream":true}`, "X-Request-Id", "bad"); got.status != http.StatusBadRequest {
+		t.Fatalf("answer %d %q, want the engine's 400", got.status, got.body)
+	}
+	<-engine.bodies
+	for _, id := range []string{"bad"} {
+		if prompt, completion := tokensLogged(accessLogEntries(t, logPath, id)); prompt != nil || completion != nil {
+			t.Fatalf("%s: logged %v and %v, want no token fields", id, prompt, completion)
+		}
+	}
+	invalid := `{"stream":true,` // the engine answers its own 400; here the double answers 200 without usage
+	post(context.Background(), client, "", "/v1/chat/completions", invalid, "X-Request-Id", "invalid")
+	if forwarded := <-engine.bodies; forwarded != invalid {
+		t.Fatalf("an invalid body was changed: %q", forwarded)
+	}
+}
+
+func TestTokenUsageCaddyfile(t *testing.T) {
+	for _, bad := range []string{"token_usage extra", "token_usage {\n max_size 0\n}", "token_usage {\n max_answer x\n}",
+		"token_usage {\n colour red\n}", "token_usage {\n tokens_per_minute\n}"} {
+		if _, err := parseTokenUsage(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+	u, err := parseTokenUsage("token_usage {\n max_size 10\n max_answer 20\n}")
+	if err != nil || u.MaxSize != 10 || u.MaxAnswer != 20 {
+		t.Fatalf("%+v %v", u, err)
+	}
+}
+
+func parseTokenUsage(text string) (*TokenUsage, error) {
+	u := new(TokenUsage)
+	return u, u.UnmarshalCaddyfile(caddyfile.NewTestDispenser(text))
+}
+
+// budgetGateway is usageGateway with a ledger and a daily budget per X-User.
+func budgetGateway(t *testing.T, engine *usageEngine, ledger string, budget string) *http.Client {
+	t.Helper()
+	return budgetsGateway(t, engine, ledger, "tokens_per_day "+budget)
+}
+
+// budgetsGateway is usageGateway with a ledger per X-User and the budget options given.
+func budgetsGateway(t *testing.T, engine *usageEngine, ledger string, options string) *http.Client {
+	t.Helper()
+	client, _ := frontGateway(t, fmt.Sprintf(`http:// {
+	bind unix/{socket}
+	route {
+		token_usage {
+			key {http.request.header.X-User}
+			ledger %s
+			%s
+		}
+		reverse_proxy %s
+	}
+}`, ledger, options, engine.Listener.Addr().String()))
+	return client
+}
+
+func askAs(client *http.Client, user string) (*http.Response, string) {
+	req, _ := http.NewRequest(http.MethodPost, "http://gateway/v1/chat/completions", strings.NewReader(`{"messages":[]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-User", user)
+	resp, err := client.Do(req)
+	if err != nil {
+		return &http.Response{StatusCode: 0, Header: http.Header{}}, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp, string(body)
+}
+
+// A key past its daily budget gets 429 token_budget_exceeded naming the budget and the reset, with
+// Retry-After until 00:00 UTC, while another key is served; each answer says the key's tokens today;
+// the counts survive a stop and a new start of the gateway (the ledger file).
+func TestTokenBudgetRefusesOnlyTheKeyPastIt(t *testing.T) {
+	engine := newUsageEngine(t)
+	go func() { // the double's bodies are not read here
+		for range engine.bodies {
+		}
+	}()
+	ledger := filepath.Join(t.TempDir(), "tokens.json")
+	client := budgetGateway(t, engine, ledger, "{http.request.header.X-Budget}45")
+	perAnswer := doublePrompt + doubleCompletion // 20
+	for i, want := range []int{0, perAnswer, 2 * perAnswer} {
+		resp, body := askAs(client, "alice")
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Teamserve-Tokens-Today") != fmt.Sprint(want) ||
+			resp.Header.Get("X-Teamserve-Tokens-Per-Day") != "45" {
+			t.Fatalf("answer %d: %d %q, tokens today %q of %q, want 200 with %d of 45", i, resp.StatusCode, body,
+				resp.Header.Get("X-Teamserve-Tokens-Today"), resp.Header.Get("X-Teamserve-Tokens-Per-Day"), want)
+		}
+	}
+	resp, body := askAs(client, "alice") // 60 used >= 45
+	var refusal openAIError
+	_ = json.Unmarshal([]byte(body), &refusal)
+	if resp.StatusCode != http.StatusTooManyRequests || refusal.Error.Code != TokenBudgetCode || refusal.Error.Type != "tokens" ||
+		!strings.Contains(refusal.Error.Message, "used 60 of its 45 tokens") || !strings.Contains(refusal.Error.Message, "T00:00:00Z") {
+		t.Fatalf("past the budget: %d %q, want 429 %s naming 60 of 45 and the reset", resp.StatusCode, body, TokenBudgetCode)
+	}
+	if wait, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || wait < 1 || wait > 86400 {
+		t.Fatalf("Retry-After %q, want the seconds until 00:00 UTC", resp.Header.Get("Retry-After"))
+	}
+	if resp, body := askAs(client, "bob"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("another key: %d %q, want 200", resp.StatusCode, body)
+	}
+
+	// Stop: the last config's Cleanup writes the file; a new gateway on the same ledger refuses alice.
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	var saved ledgerFile
+	data, _ := os.ReadFile(ledger)
+	if err := json.Unmarshal(data, &saved); err != nil || saved.Tokens["alice"] != int64(3*perAnswer) ||
+		saved.Tokens["bob"] != int64(perAnswer) || saved.Day != utcDay(time.Now()) {
+		t.Fatalf("ledger after the stop: %s (%v)", data, err)
+	}
+	client = budgetGateway(t, engine, ledger, "45")
+	if resp, body := askAs(client, "alice"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("after a restart: %d %q, want the budget still used", resp.StatusCode, body)
+	}
+	if resp, _ := askAs(client, "bob"); resp.StatusCode != http.StatusOK || resp.Header.Get("X-Teamserve-Tokens-Today") != fmt.Sprint(perAnswer) {
+		t.Fatalf("bob after a restart: %d, tokens today %q, want 200 and %d", resp.StatusCode, resp.Header.Get("X-Teamserve-Tokens-Today"), perAnswer)
+	}
+}
+
+// The day's counts start again at 00:00 UTC; a file of another day or a broken one starts from zero.
+func TestTokenLedgerDays(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tokens.json")
+	clock := time.Date(2026, 12, 5, 23, 59, 30, 0, time.UTC)
+	now := func() time.Time { return clock }
+	l := loadLedger(path, zap.NewNop(), now)
+	l.add("alice", 100)
+	if used, reset := l.used("alice"); used != 100 || !reset.Equal(time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("used %d reset %v", used, reset)
+	}
+	l.flush()
+	if again := loadLedger(path, zap.NewNop(), now); again.tokens["alice"] != 100 {
+		t.Fatalf("reloaded the same day: %v", again.tokens)
+	}
+	clock = clock.Add(time.Minute) // 00:00:30 the next day
+	if used, _ := l.used("alice"); used != 0 {
+		t.Fatalf("after midnight: %d, want 0", used)
+	}
+	if again := loadLedger(path, zap.NewNop(), now); len(again.tokens) != 0 {
+		t.Fatalf("yesterday's file: %v, want nothing", again.tokens)
+	}
+	_ = os.WriteFile(path, []byte("{not json"), 0o600)
+	if broken := loadLedger(path, zap.NewNop(), now); len(broken.tokens) != 0 || broken.day != "2026-12-06" {
+		t.Fatalf("broken file: %+v", broken)
+	}
+	_ = l.Destruct()
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("files left: %v, want only the ledger", entries)
+	}
+}
+
+// A key whose answers of the last minute used its tokens_per_minute gets 429 tokens_per_minute_exceeded
+// with Retry-After within the minute, its daily count untouched by the refusal; another key is served.
+func TestTokensPerMinuteRefusesOnlyTheKeyPastIt(t *testing.T) {
+	engine := newUsageEngine(t)
+	go func() {
+		for range engine.bodies {
+		}
+	}()
+	client := budgetsGateway(t, engine, filepath.Join(t.TempDir(), "tokens.json"),
+		"tokens_per_day 1000\n\t\t\ttokens_per_minute {http.request.header.X-Budget}30")
+	perAnswer := doublePrompt + doubleCompletion // 20
+	for i, want := range []int{0, perAnswer} {
+		resp, body := askAs(client, "alice")
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Teamserve-Tokens-Last-Minute") != fmt.Sprint(want) ||
+			resp.Header.Get("X-Teamserve-Tokens-Per-Minute") != "30" {
+			t.Fatalf("answer %d: %d %q, last minute %q of %q, want 200 with %d of 30", i, resp.StatusCode, body,
+				resp.Header.Get("X-Teamserve-Tokens-Last-Minute"), resp.Header.Get("X-Teamserve-Tokens-Per-Minute"), want)
+		}
+	}
+	resp, body := askAs(client, "alice") // 40 in the last minute >= 30
+	var refusal openAIError
+	_ = json.Unmarshal([]byte(body), &refusal)
+	if resp.StatusCode != http.StatusTooManyRequests || refusal.Error.Code != TokenPerMinuteCode || refusal.Error.Type != "tokens" ||
+		!strings.Contains(refusal.Error.Message, "used 40 tokens in the last minute") || !strings.Contains(refusal.Error.Message, "30 tokens per minute") {
+		t.Fatalf("past the budget: %d %q, want 429 %s naming 40 and 30", resp.StatusCode, body, TokenPerMinuteCode)
+	}
+	if wait, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || wait < 1 || wait > 60 {
+		t.Fatalf("Retry-After %q, want the seconds until the first answer is a minute old", resp.Header.Get("Retry-After"))
+	}
+	if resp, _ := askAs(client, "alice"); resp.Header.Get("X-Teamserve-Tokens-Today") != fmt.Sprint(2*perAnswer) {
+		t.Fatalf("tokens today after refusals: %q, want %d (a refusal uses none)", resp.Header.Get("X-Teamserve-Tokens-Today"), 2*perAnswer)
+	}
+	if resp, body := askAs(client, "bob"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("another key: %d %q, want 200", resp.StatusCode, body)
+	}
+}
+
+// The last minute slides: answers leave it 60 s after they were counted, and the moment a key is under
+// its budget again is when enough of its oldest answers have left.
+func TestTokenLedgerLastMinute(t *testing.T) {
+	clock := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	l := loadLedger(filepath.Join(t.TempDir(), "tokens.json"), zap.NewNop(), func() time.Time { return clock })
+	defer l.Destruct()
+	for _, step := range []struct {
+		after  time.Duration
+		tokens int64
+	}{{0, 10}, {20 * time.Second, 15}, {10 * time.Second, 5}} { // at :00, :20, :30
+		clock = clock.Add(step.after)
+		l.add("alice", step.tokens)
+	}
+	if used, free := l.lastMinute("alice", 20); used != 30 || !free.Equal(time.Date(2026, 12, 5, 12, 1, 20, 0, time.UTC)) {
+		t.Fatalf("at :30 with a budget of 20: %d, free at %v; want 30 and 12:01:20 (10 + 15 gone)", used, free)
+	}
+	if used, free := l.lastMinute("alice", 100); used != 30 || !free.Equal(clock) {
+		t.Fatalf("under the budget: %d, free at %v; want 30 and now", used, free)
+	}
+	clock = time.Date(2026, 12, 5, 12, 1, 0, 0, time.UTC) // the first answer is a minute old
+	if used, _ := l.lastMinute("alice", 0); used != 20 {
+		t.Fatalf("at 12:01:00: %d, want 20", used)
+	}
+	clock = clock.Add(31 * time.Second)
+	if used, _ := l.lastMinute("alice", 0); used != 0 || len(l.recent) != 0 {
+		t.Fatalf("at 12:01:31: %d, %v; want 0 and nothing kept", used, l.recent)
+	}
+	if used, _ := l.used("alice"); used != 30 {
+		t.Fatalf("the day's count: %d, want 30", used)
+	}
+}
