@@ -70,13 +70,15 @@ molecule: testbed ## Molecule scenarios in lanes and phases (MOLECULE_LANES="cad
 
 # lint and unit are single-threaded Python for the most part: side by side they use both cores.
 # lint and unit run beside molecule's first phase (converge and gpu_host's installs wait on the network and
-# on apt more than they use the two cores); their output comes after molecule's, from .cache/lint-unit.log.
+# on apt more than they use the two cores); their output comes after molecule's, from .cache/lint-unit.log,
+# and a failed scenario's summary comes once more after it (CI keeps the last lines).
 test: venv testbed $(MONITORING_TOOLS)/versions ## Every test: lint and unit beside the molecule scenarios on the testbed
 	@mkdir -p .cache
 	@$(MAKE) --no-print-directory -j2 --output-sync=target lint unit > .cache/lint-unit.log 2>&1 & checks=$$!; \
 	  start=$$SECONDS; tests/molecule-lanes.sh $(MOLECULE_LANES) && molecule_rc=0 || molecule_rc=$$?; \
 	  wait $$checks && checks_rc=0 || checks_rc=$$?; \
 	  echo "=== lint and unit (beside molecule; exit $$checks_rc)"; cat .cache/lint-unit.log; \
+	  [ "$$molecule_rc" -eq 0 ] || tests/molecule-lanes.sh --summary || true; \
 	  echo "molecule: exit $$molecule_rc after $$((SECONDS - start)) s; lint and unit: exit $$checks_rc"; \
 	  exit $$((molecule_rc || checks_rc))
 

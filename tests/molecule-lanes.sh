@@ -8,9 +8,47 @@
 # scenarios go on. Output: $MOLECULE_LOG_DIR/<scenario>.log; each item's seconds and result are printed as
 # it ends; at the end a failed scenario's log tail, then its failing tasks and tests (CI keeps the
 # last lines); non-zero exit if any failed.
+# `tests/molecule-lanes.sh --summary` prints that end again from the logs of the last run (make test puts it
+# after lint's and unit's output).
 set -uo pipefail
 log_dir=${MOLECULE_LOG_DIR:-.cache/molecule-logs}
 export COLUMNS=${COLUMNS:-200} # molecule and pytest wrap at the terminal width; wide lines grep whole
+
+# CI shows only the end of the output: the log tails first, the failing tasks and tests, then a few lines
+# per failed scenario (verify.yml's FAIL rows, the failed tasks' messages, the failed tests) last.
+plain() { sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^ *│ *//' "$@"; }
+summary() {
+  local marker scenario
+  local -a failed=()
+  for marker in "$log_dir"/*.failed; do
+    [ -e "$marker" ] || continue
+    failed+=("$(basename "$marker" .failed)")
+  done
+  for scenario in "${failed[@]}"; do
+    echo "===== molecule $scenario: last 40 lines of $log_dir/$scenario.log ====="
+    plain "$log_dir/$scenario.log" | tail -n 40
+  done
+  for scenario in "${failed[@]}"; do
+    echo "===== molecule $scenario FAILED in $(cat "$log_dir/$scenario.failed"): failing tasks and tests ====="
+    plain "$log_dir/$scenario.log" | grep -A 8 -E 'fatal: \[|failed: \[|^E  ' | cut -c1-200 | head -n 120
+    plain "$log_dir/$scenario.log" | grep -v 'FAILED - RETRYING' | grep -E '^(FAILED|ERROR) |^=+ .*(failed|error)' | cut -c1-300
+  done
+  for scenario in "${failed[@]}"; do
+    echo "===== molecule $scenario FAILED in $(cat "$log_dir/$scenario.failed"), in brief ====="
+    {
+      plain "$log_dir/$scenario.log" | grep -E "^ *- '? ?[0-9]+ .* FAIL "
+      plain "$log_dir/$scenario.log" | grep -A 3 -E 'fatal: \[|failed: \[' | grep -E '^ *msg: '
+      plain "$log_dir/$scenario.log" | grep -E '^FAILED ' | grep -v 'FAILED - RETRYING'
+    } | cut -c1-240 | tail -n 12
+  done
+  [ "${#failed[@]}" -eq 0 ] || echo "molecule: FAILED: ${failed[*]}"
+  [ "${#failed[@]}" -eq 0 ]
+}
+if [ "${1:-}" = --summary ]; then
+  summary
+  exit
+fi
+
 mkdir -p "$log_dir"
 rm -f "$log_dir"/*.log "$log_dir"/*.failed
 
@@ -55,21 +93,4 @@ for lane in "$@"; do
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 
-# CI shows only the end of the output: the log tails first, the failing tasks and tests last.
-plain() { sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^ *│ *//' "$@"; }
-failed=()
-for marker in "$log_dir"/*.failed; do
-  [ -e "$marker" ] || continue
-  failed+=("$(basename "$marker" .failed)")
-done
-for scenario in "${failed[@]}"; do
-  echo "===== molecule $scenario: last 40 lines of $log_dir/$scenario.log ====="
-  plain "$log_dir/$scenario.log" | tail -n 40
-done
-for scenario in "${failed[@]}"; do
-  echo "===== molecule $scenario FAILED in $(cat "$log_dir/$scenario.failed"): failing tasks and tests ====="
-  plain "$log_dir/$scenario.log" | grep -A 8 -E 'fatal: \[|failed: \[|^E  ' | cut -c1-200 | head -n 120
-  plain "$log_dir/$scenario.log" | grep -v 'FAILED - RETRYING' | grep -E '^(FAILED|ERROR) |^=+ .*(failed|error)' | cut -c1-300
-done
-[ "${#failed[@]}" -eq 0 ] || echo "molecule: FAILED: ${failed[*]}"
-[ "${#failed[@]}" -eq 0 ]
+summary

@@ -142,11 +142,13 @@ def test_sweep_inputs_from_the_testbeds_plan():
     inputs = checks.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL, settings())
     # 8 expected, --max-num-seqs 8, --max-num-queued-reqs 32: powers of two to the engine's queue
     assert inputs["steps"] == [1, 2, 4, 8, 16, 32] and inputs["bound"] == 32
-    assert inputs["targets"] == {"ttft_seconds": 5.0, "tpot_seconds": 0.3} and inputs["targets_source"] == "vllm_workload"
+    ttft, tpot = TESTBED["vllm_workload"]["ttft_p95_seconds"], TESTBED["vllm_workload"]["tpot_seconds"]
+    assert inputs["targets"] == {"ttft_seconds": ttft, "tpot_seconds": tpot} and inputs["targets_source"] == "vllm_workload"
     assert inputs["input_tokens"] == 1000 - 256 and inputs["dataset"] == "random" and inputs["plain_args"] is None
     assert inputs["args"][:4] == ["--dataset-name=random", "--random-input-len=744", "--random-output-len=256",
                                   "--random-range-ratio=0"]
-    assert inputs["args"][-3:] == ["--goodput", "ttft:5000", "tpot:300"] and "--ignore-eos" in inputs["args"]
+    goodput = ["--goodput", f"ttft:{ttft * 1000:g}", f"tpot:{tpot * 1000:g}"]
+    assert inputs["args"][-3:] == goodput and "--ignore-eos" in inputs["args"]
     assert inputs["tokenizer"].endswith("models--teamserve--tiny-llama/snapshots/" + MODEL["revision"])
 
 
