@@ -235,6 +235,28 @@ def test_alerts_fire_as_designed(rendered, plan, tmp_path):
                 _alert("TeamserveServerFull", "20m"),
             ],
         },
+        {   # carol: a burst of 25 requests, all refused, between two scrapes at minute 10, then nothing; erin
+            # 5 requests answered server_full at the same time. The series are born at their counts, so
+            # increase() or rate() alone read 0; born in the window they count whole, and once the window
+            # (15 min) has passed their birth, only what they grew counts again.
+            "interval": "1m",
+            "input_series": [
+                {"series": 'teamserve_gateway_requests_total{user="carol",code="429"}', "values": "_x9 25x40"},
+                {"series": 'teamserve_gateway_refusals_total{user="carol",kind="rate_limit_exceeded"}',
+                 "values": "_x9 25x40"},
+                {"series": 'teamserve_gateway_requests_total{user="erin",code="503"}', "values": "_x9 5x40"},
+                {"series": 'teamserve_gateway_refusals_total{user="erin",kind="server_full"}', "values": "_x9 5x40"},
+                {"series": 'teamserve_gateway_requests_total{user="dana",code="200"}', "values": "0+1x40"},
+            ],
+            "alert_rule_test": [
+                _alert("TeamserveUserRefused", "8m"),
+                _alert("TeamserveUserRefused", "12m", {"severity": "ticket", "user": "carol"}),
+                _alert("TeamserveUserRefused", "35m"),
+                _alert("TeamserveServerFull", "8m"),
+                _alert("TeamserveServerFull", "12m", {"severity": "ticket"}),
+                _alert("TeamserveServerFull", "35m"),
+            ],
+        },
     ]
     (tmp_path / "tests.yml").write_text(yaml.safe_dump({
         "rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": cases}))
