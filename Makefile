@@ -52,7 +52,7 @@ docs: venv ## Regenerate the variable reference in each role's README from meta/
 	tools/role_docs.sh
 .PHONY: docs
 
-# promtool, amtool and mtail for the monitoring role's unit tests: the pinned Debian packages, unpacked.
+# prometheus, promtool, amtool and mtail for the monitoring role's unit tests: the pinned Debian packages, unpacked.
 MONITORING_TOOLS := $(CURDIR)/.cache/monitoring-tools
 export MONITORING_TOOLS
 $(MONITORING_TOOLS)/versions: roles/monitoring/defaults/main.yml tests/tools/monitoring-tools.sh

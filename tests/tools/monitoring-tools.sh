@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# promtool, amtool and mtail for the unit tests: the exact Debian packages the monitoring role installs
+# prometheus, promtool, amtool and mtail for the unit tests: the exact Debian packages the monitoring role installs
 # (versions read from roles/monitoring/defaults/main.yml), unpacked into DIR. Nothing is installed on this
 # machine and no service starts. Usage: monitoring-tools.sh DIR
 set -euo pipefail
@@ -16,7 +16,7 @@ cd "$dir.tmp/debs"
 apt-get download "${packages[@]}" >/dev/null 2>&1 || { apt-get update -qq && apt-get download "${packages[@]}"; }
 for deb in ./*.deb; do dpkg-deb -x "$deb" "$dir.tmp/root"; done
 rm -rf "$dir" && mkdir -p "$dir/bin"
-for tool in promtool amtool mtail; do cp "$dir.tmp/root/usr/bin/$tool" "$dir/bin/"; done
+for tool in prometheus promtool amtool mtail; do cp "$dir.tmp/root/usr/bin/$tool" "$dir/bin/"; done
 rm -rf "$dir.tmp"
 printf '%s\n' "${packages[@]}" > "$dir/versions"
 "$dir/bin/promtool" --version | head -1

@@ -1,19 +1,19 @@
 """The usage report (roles/monitoring `usage`, playbooks/usage.yml): tokens per user and UTC day from the
 gateway's per-user token counter as Prometheus keeps it. The figures must equal the tokens the counter
 counted in each day (the ground truth the samples are made from), a restart of the counter included; the
-play writes the same rows as CSV and refuses a report longer than Prometheus keeps."""
+play writes the same rows as CSV and refuses a report longer than Prometheus keeps. The samples are held
+and queried by the real Prometheus of the pinned Debian package (tests/unit/real_prometheus.py)."""
 
 from __future__ import annotations
 
 import json
 import pathlib
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
-from prometheus_stand_in import serve
+from real_prometheus import serve
 from repo_modules import REPO, load
 
 status = load("monitoring_status", "roles/monitoring/filter_plugins/monitoring_status.py")
@@ -64,67 +64,16 @@ def truth() -> dict[tuple[str, str], dict[str, int]]:
 SERIES = samples()
 
 
-def metric(key: tuple[str, str]) -> dict:
-    return {"__name__": "teamserve_gateway_tokens_total", "job": "mtail", "user": key[0], "kind": key[1]}
-
-
-def last_in_day(points: list[tuple[int, float]], t: int) -> float | None:
-    """last_over_time(...[1d]) at t: the last sample in the day before t."""
-    found = [v for at, v in points if t - DAY < at <= t and at not in MISSED]
-    return found[-1] if found else None
-
-
 # Prometheus was down at the first midnight's scrape: the boundary still reads the day's last value.
 MISSED = {START + DAY}
 
 
-def evaluate(query: str, t: int) -> list[dict]:
-    """The few PromQL shapes the usage entry point asks, over SERIES, at instant t."""
-    if query == "last_over_time(teamserve_gateway_tokens_total[1d])":
-        return [{"metric": {k2: v2 for k2, v2 in metric(k).items() if k2 != "__name__"}, "value": [t, f"{v:g}"]}
-                for k, p in SERIES.items() if (v := last_in_day(p, t)) is not None]
-    if query == "resets(teamserve_gateway_tokens_total[1d])":
-        out = []
-        for k, p in SERIES.items():
-            window = [v for at, v in p if t - DAY < at <= t]
-            if window:
-                drops = sum(1 for a, b in zip(window, window[1:], strict=False) if b < a)
-                out.append({"metric": {k2: v for k2, v in metric(k).items() if k2 != "__name__"}, "value": [t, str(drops)]})
-        return out
-    if m := re.fullmatch(r"teamserve_gateway_tokens_total\[(\d+)s\]", query):
-        n = int(m.group(1))
-        return [{"metric": metric(k), "values": [[at, f"{v:g}"] for at, v in p if t - n < at <= t]}
-                for k, p in SERIES.items() if any(t - n < at <= t for at, _ in p)]
-    if m := re.fullmatch(r"last_over_time\(teamserve_gateway_tokens_total\[(\d+)s\] offset (\d+)s\)", query):
-        n, offset = int(m.group(1)), int(m.group(2))
-        out = []
-        for k, p in SERIES.items():
-            window = [v for at, v in p if t - offset - n < at <= t - offset]
-            if window:
-                out.append({"metric": {k2: v for k2, v in metric(k).items() if k2 != "__name__"},
-                            "value": [t, f"{window[-1]:g}"]})
-        return out
-    raise AssertionError(f"unexpected query {query!r}")
-
-
-def answer(path: str, params: dict[str, str]) -> list[dict]:
-    """The query API over SERIES: query_range steps through evaluate(), query evaluates once."""
-    if not path.endswith("/query_range"):
-        return evaluate(params["query"], int(float(params["time"])))
-    series: dict[str, dict] = {}
-    t = int(float(params["start"]))
-    while t <= int(float(params["end"])):
-        for row in evaluate(params["query"], t):
-            entry = series.setdefault(json.dumps(row["metric"], sort_keys=True), {"metric": row["metric"], "values": []})
-            entry["values"].append(row["value"])
-        t += int(params["step"])
-    return list(series.values())
-
-
 @pytest.fixture
-def prometheus() -> Iterator[int]:
-    """A stand-in for Prometheus's query and query_range APIs on 127.0.0.1, over SERIES."""
-    with serve(answer) as port:
+def prometheus(tmp_path_factory) -> Iterator[int]:
+    """The pinned Prometheus on 127.0.0.1, holding SERIES as mtail's scrapes would have left them."""
+    held = {(("__name__", "teamserve_gateway_tokens_total"), ("job", "mtail"), ("kind", kind), ("user", user)):
+            [(t, v) for t, v in points if t not in MISSED] for (user, kind), points in SERIES.items()}
+    with serve(held, tmp_path_factory.mktemp("prometheus")) as port:
         yield port
 
 
