@@ -12,11 +12,14 @@ export TESTBED_CACHE ?= /var/cache/teamserve-testbed
 # gpu_host: Debian 12 + 13, the driver upgrade path; caddy: keys, expiry, server full; firewall: the traffic
 # matrix across restarts.
 # Lanes run side by side, the items of a lane one after the other; "--" waits for every lane before it.
-# Three phases: default's converge beside gpu_host (the two longest; lint and unit run beside them, see
-# `test`); verify.yml alone (its TTFT/TPOT check missed the testbed's targets with gpu_host beside it); then
-# default's testinfra beside the engine-free scenarios, which are light next to gpu_host's package installs.
-# Logs: MOLECULE_LOG_DIR/<scenario>.log.
+# Three phases: default's converge beside gpu_host (the two longest); verify.yml alone (its TTFT/TPOT check
+# missed the testbed's targets with gpu_host beside it); then default's testinfra beside the engine-free
+# scenarios, which are light next to gpu_host's package installs. `make test` adds lint and unit to the last
+# phase (TEST_LANES): the first is CPU-bound, and they made default's converge 290 s longer there; the last
+# waits on cold starts and drains more than it computes.
+# Logs: MOLECULE_LOG_DIR/<scenario>.log (make.log for lint and unit).
 MOLECULE_LANES ?= default:destroy+syntax+converge+idempotence gpu_host -- default:side-effect -- default:verify+destroy caddy,firewall,check
+TEST_LANES ?= $(MOLECULE_LANES),make:lint+unit
 MOLECULE_SCENARIOS = $(notdir $(patsubst %/,%,$(dir $(wildcard molecule/*/molecule.yml))))
 export MOLECULE_LOG_DIR ?= $(CURDIR)/.cache/molecule-logs
 
@@ -68,19 +71,16 @@ unit: venv go-test $(MONITORING_TOOLS)/versions ## Unit tests: the planner, the 
 molecule: testbed ## Molecule scenarios in lanes and phases (MOLECULE_LANES="caddy" runs one scenario)
 	tests/molecule-lanes.sh $(MOLECULE_LANES)
 
-# lint and unit are single-threaded Python for the most part: side by side they use both cores.
-# lint and unit run beside molecule's first phase (converge and gpu_host's installs wait on the network and
-# on apt more than they use the two cores); their output comes after molecule's, from .cache/lint-unit.log,
-# and a failed scenario's summary comes once more after it (CI keeps the last lines).
-test: venv testbed $(MONITORING_TOOLS)/versions ## Every test: lint and unit beside the molecule scenarios on the testbed
-	@mkdir -p .cache
-	@$(MAKE) --no-print-directory -j2 --output-sync=target lint unit > .cache/lint-unit.log 2>&1 & checks=$$!; \
-	  start=$$SECONDS; tests/molecule-lanes.sh $(MOLECULE_LANES) && molecule_rc=0 || molecule_rc=$$?; \
-	  wait $$checks && checks_rc=0 || checks_rc=$$?; \
-	  echo "=== lint and unit (beside molecule; exit $$checks_rc)"; cat .cache/lint-unit.log; \
-	  [ "$$molecule_rc" -eq 0 ] || tests/molecule-lanes.sh --summary || true; \
-	  echo "molecule: exit $$molecule_rc after $$((SECONDS - start)) s; lint and unit: exit $$checks_rc"; \
-	  exit $$((molecule_rc || checks_rc))
+# lint and unit are single-threaded Python for the most part: side by side (make -j2) they use both cores.
+# They run as the last item of molecule's last phase's second lane (TEST_LANES); their output comes after
+# molecule's, from MOLECULE_LOG_DIR/make.log, and a failed item's summary comes once more after it (CI keeps
+# the last lines).
+test: venv testbed $(MONITORING_TOOLS)/versions ## Every test: the molecule scenarios on the testbed, lint and unit beside them
+	@start=$$SECONDS; tests/molecule-lanes.sh $(TEST_LANES) && rc=0 || rc=$$?; \
+	  echo "=== lint and unit (beside molecule's last phase)"; cat "$(MOLECULE_LOG_DIR)/make.log" || true; \
+	  [ "$$rc" -eq 0 ] || tests/molecule-lanes.sh --summary || true; \
+	  echo "make test: exit $$rc after $$((SECONDS - start)) s"; \
+	  exit $$rc
 
 clean: ## Destroy the testbed boxes (the caches stay)
 	for s in $(MOLECULE_SCENARIOS); do molecule destroy -s $$s || true; done

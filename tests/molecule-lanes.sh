@@ -4,8 +4,8 @@
 # Each argument is a lane; lanes run side by side, the items of a lane (comma-separated) one after the
 # other. A lone "--" is a barrier: every lane before it ends before the next ones start.
 # An item is a scenario ("molecule test -s NAME") or NAME:ACTION+ACTION... (molecule's own commands, in
-# order). When an action fails, the scenario is destroyed and its later items are skipped; other
-# scenarios go on. Output: $MOLECULE_LOG_DIR/<scenario>.log; each item's seconds and result are printed as
+# order); make:TARGET+TARGET runs those Makefile targets side by side (make -j2), logged as "make". When
+# an action fails, the scenario is destroyed and its later items are skipped; other scenarios go on. Output: $MOLECULE_LOG_DIR/<scenario>.log; each item's seconds and result are printed as
 # it ends; at the end a failed scenario's log tail, then its failing tasks and tests (CI keeps the
 # last lines); non-zero exit if any failed.
 # `tests/molecule-lanes.sh --summary` prints that end again from the logs of the last run (make test puts it
@@ -61,13 +61,20 @@ run_item() {
     return 1
   fi
   start=$SECONDS
-  for action in "${actions[@]}"; do
-    echo "=== molecule $action -s $scenario ($(date -u +%T))" >> "$log_dir/$scenario.log"
-    molecule "$action" -s "$scenario" >> "$log_dir/$scenario.log" 2>&1 || { rc=$?; break; }
-  done
-  if [ "$rc" -ne 0 ]; then
-    echo "$action" > "$log_dir/$scenario.failed"
-    [ "$action" = test ] || molecule destroy -s "$scenario" >> "$log_dir/$scenario.log" 2>&1
+  if [ "$scenario" = make ]; then
+    action=${actions[*]}
+    echo "=== make ${actions[*]} ($(date -u +%T))" >> "$log_dir/make.log"
+    make --no-print-directory -j2 --output-sync=target "${actions[@]}" >> "$log_dir/make.log" 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] || echo "$action" > "$log_dir/make.failed"
+  else
+    for action in "${actions[@]}"; do
+      echo "=== molecule $action -s $scenario ($(date -u +%T))" >> "$log_dir/$scenario.log"
+      molecule "$action" -s "$scenario" >> "$log_dir/$scenario.log" 2>&1 || { rc=$?; break; }
+    done
+    if [ "$rc" -ne 0 ]; then
+      echo "$action" > "$log_dir/$scenario.failed"
+      [ "$action" = test ] || molecule destroy -s "$scenario" >> "$log_dir/$scenario.log" 2>&1
+    fi
   fi
   echo "molecule $item: $((SECONDS - start)) s, $([ "$rc" -eq 0 ] && echo passed || echo "FAILED in $action (rc=$rc)")"
   return "$rc"

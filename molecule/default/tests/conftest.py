@@ -59,6 +59,13 @@ def users_play(action: str, name: str, keys_file, users: list) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
+def engine_identity(host) -> tuple:
+    """The engine container's ID, start time, main PID and restart count: one of them changes when anything
+    restarts or replaces it."""
+    state = json.loads(host.check_output("docker inspect vllm"))[0]
+    return state["Id"], state["State"]["StartedAt"], state["State"]["Pid"], state["RestartCount"]
+
+
 class GatewayWatcher(threading.Thread):
     """Asks the gateway for /v1/models and /health every 0.5 s while a playbook changes the engine; keeps
     (status, error code, Retry-After) of each, in ``seen`` and ``health``.

@@ -4,14 +4,16 @@ never refused. The others' TTFT p95 with and without the flood, from the same ru
 asserted: the 2 shared cores make the times vary too much to bound).
 
 The flooder is bob (the default per-user cap); the others are alice and dana, a user issued here with playbooks/users.yml (carol's
-small rate limit is exhausted by the verify checks just before these tests) and revoked at the end, which
-puts the converged Caddyfile back byte for byte. Traffic goes only to the testbed box; every loop is
-bounded in count and time.
+small rate limit is exhausted by the verify checks just before these tests) and revoked at the end: the
+issue changes nobody else's key, the revoke gets her 401, neither touches the engine container or restarts
+Caddy, and the revoke puts the converged Caddyfile back byte for byte. Traffic goes only to the testbed
+box; every loop is bounded in count and time.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import statistics
 import subprocess
 import threading
@@ -21,7 +23,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import testinfra
-from conftest import CACHE, REPO, ansible_playbook, users_play, vault_view
+from conftest import CACHE, REPO, ansible_playbook, engine_identity, users_play, vault_view
 
 from teamserve_capacity.planner import user_inflight_share
 
@@ -92,19 +94,33 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
 
 
-# dana's key file and user list, for the revoke test at the end of this module.
+# dana's key file, user list and the box before her key, for the revoke test at the end of this module.
 DANA: dict = {}
 
 
+def box_state() -> dict:
+    """What a key change must not touch or must put back: the engine container's identity, Caddy's main
+    PID (a graceful reload keeps it) and the Caddyfile's digest."""
+    return {"engine": engine_identity(BOX_EXEC), "caddy": BOX_EXEC.check_output("systemctl show caddy -p MainPID --value"),
+            "caddyfile": BOX_EXEC.check_output("sha256sum /etc/caddy/Caddyfile")}
+
+
 @pytest.fixture(scope="module")
-def dana(testbed_vars, gateway_verify, tmp_path_factory):
-    """A second other user with a generous rate limit, issued for this module's tests and revoked after them."""
+def dana(testbed_vars, keys, gateway_verify, tmp_path_factory):
+    """A second other user with a generous rate limit, issued for this module's tests and revoked after them.
+    Her key has the one key format; nobody else's key changes; the engine and Caddy's process are untouched."""
     users = testbed_vars["caddy_users"] + [{"name": "dana", "rate_limit": {"events": 600, "window": "1m"}}]
     keys_file = tmp_path_factory.mktemp("dana") / "caddy_keys.vault.yml"
+    before = box_state()
     users_play("issue", "dana", keys_file, users)
     issued = vault_view(keys_file)["caddy_user_keys"]
-    DANA.update(keys_file=keys_file, users=users)
-    yield issued["dana"]
+    key = issued.pop("dana")
+    assert issued == keys  # started from the keys in force: nobody else's key changed
+    assert re.fullmatch(r"sk-ts-[A-Za-z0-9]{48}", key)  # the one key format
+    after = box_state()
+    assert (after["engine"], after["caddy"]) == (before["engine"], before["caddy"])
+    DANA.update(keys_file=keys_file, users=users, before=before)
+    yield key
     if not DANA.get("revoked"):  # test_a_revoke_reaches_the_front_first revokes her itself
         users_play("revoke", "dana", keys_file, users)
 
@@ -375,11 +391,14 @@ def models_status(url: str, key: str, ca: str) -> int:
         return client.get(f"{url}/models", headers={"Authorization": f"Bearer {key}"}).status_code
 
 
-def test_a_revoke_reaches_the_front_first_and_names_an_unreachable_box(testbed_vars, gateway_verify, dana, tmp_path):
+def test_a_revoke_reaches_the_front_first_and_names_an_unreachable_box(testbed_vars, keys, gateway_verify, dana,
+                                                                       tmp_path):
     """users.yml revoking dana while teamserve-box cannot be reached (an inventory overlay points its
     connection at a container that does not exist): the front gateway, where the team's requests arrive,
     refuses her key at once - it is changed first, from its recorded pool, needing no box - and the run fails
-    naming the box, where her key still works. Run again with the box back, the box refuses it too."""
+    naming the box, where her key still works. Run again with the box back, the box refuses it too; the
+    others are served, the engine container was never touched, Caddy was reloaded, not restarted, and the
+    Caddyfile is the one before her key, byte for byte."""
     front, front_ca = "https://10.231.0.30:8443/v1", str(CACHE / "front-caddy-root.crt")
     assert models_status(front, dana, front_ca) == 200 and models_status(base_url(testbed_vars), dana, gateway_verify) == 200
     overlay = tmp_path / "unreachable.yml"
@@ -397,3 +416,5 @@ def test_a_revoke_reaches_the_front_first_and_names_an_unreachable_box(testbed_v
     DANA["revoked"] = True  # everywhere: the fixture has nothing left to do
     assert models_status(base_url(testbed_vars), dana, gateway_verify) == 401
     assert models_status(front, dana, front_ca) == 401
+    assert models_status(base_url(testbed_vars), keys["bob"], gateway_verify) == 200
+    assert box_state() == DANA["before"]

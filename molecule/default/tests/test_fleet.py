@@ -190,7 +190,7 @@ def test_a_box_going_down_moves_its_traffic_to_the_other(keys):
     print(f"box-b down: {len(failed)} of {6 * len(rounds)} answers failed, the last {moved} s after the stop: {failed}")
     assert len(rounds) >= 3 and all(r == [(200, "tiny")] * 6 for _, r in rounds[-3:]), rounds
     assert all(status in (502, 503) for _, (status, _) in failed), failed  # the gateway's errors, never a hang
-    # Back: the active health check finds box-b again (caddy_upstream_health_interval, 5 s).
+    # Back: the active health check finds box-b again (caddy_upstream_health_interval, 2 s on the testbed).
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if ask(keys["alice"], "fixture-b")[0] == 200:
