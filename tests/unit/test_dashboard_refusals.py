@@ -7,7 +7,6 @@ plain increase() it used before read carol's burst as 0."""
 from __future__ import annotations
 
 import json
-import pathlib
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
