@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 
@@ -32,6 +33,36 @@ def scrape(url: str, timeout: float) -> str:
     """GET ``url`` and return its text (the Prometheus exposition format)."""
     with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - the engine on loopback
         return str(response.read().decode("utf-8", "replace"))
+
+
+def sample_until(done: Callable[[], bool], wait: Callable[[float], Any], start: float, url: str, interval: float,
+                 keep: tuple[str, ...], timeout: float) -> list[dict[str, Any]]:
+    """Scrape ``url`` every ``interval`` seconds (``wait(interval)`` between scrapes) until ``done()``; returns
+    the samples (``t`` in seconds since ``start``, a ``time.monotonic()`` value)."""
+    samples: list[dict[str, Any]] = []
+    while not done():
+        at = round(time.monotonic() - start, 3)
+        try:
+            text = scrape(url, timeout)
+        except OSError as err:
+            samples.append({"t": at, "error": str(err)[:200]})
+        else:
+            samples.append({"t": at, "lines": "\n".join(line for line in text.splitlines() if line.startswith(keep))})
+        wait(interval)
+    return samples
+
+
+def finish(before: str, samples: list[dict[str, Any]], start: float, exit_code: int | None, url: str,
+           interval: float, timeout: float) -> dict[str, Any]:
+    """The JSON document of one run (see the module docstring), with ``after`` scraped now."""
+    seconds = round(time.monotonic() - start, 3)
+    try:
+        after = scrape(url, timeout)
+    except OSError as err:  # the engine went away with the command: the counters are unknown, not zero
+        after = ""
+        samples.append({"t": seconds, "error": f"after: {err}"[:200]})
+    return {"before": before, "after": after, "samples": samples, "seconds": seconds,
+            "exit_code": exit_code, "interval_seconds": interval}
 
 
 def run(command: list[str], url: str, interval: float, keep: tuple[str, ...], timeout: float) -> dict[str, Any]:
@@ -43,27 +74,14 @@ def run(command: list[str], url: str, interval: float, keep: tuple[str, ...], ti
     def stop(signum: int, _frame: Any) -> None:
         child.send_signal(signum)
 
+    def wait(seconds: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # still running: scrape again
+            child.wait(timeout=seconds)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    samples: list[dict[str, Any]] = []
-    while child.poll() is None:
-        at = round(time.monotonic() - start, 3)
-        try:
-            text = scrape(url, timeout)
-        except OSError as err:
-            samples.append({"t": at, "error": str(err)[:200]})
-        else:
-            samples.append({"t": at, "lines": "\n".join(line for line in text.splitlines() if line.startswith(keep))})
-        with contextlib.suppress(subprocess.TimeoutExpired):  # still running: scrape again
-            child.wait(timeout=interval)
-    seconds = round(time.monotonic() - start, 3)
-    try:
-        after = scrape(url, timeout)
-    except OSError as err:  # the engine went away with the command: the counters are unknown, not zero
-        after = ""
-        samples.append({"t": seconds, "error": f"after: {err}"[:200]})
-    return {"before": before, "after": after, "samples": samples, "seconds": seconds,
-            "exit_code": child.returncode, "interval_seconds": interval}
+    samples = sample_until(lambda: child.poll() is not None, wait, start, url, interval, keep, timeout)
+    return finish(before, samples, start, child.returncode, url, interval, timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
