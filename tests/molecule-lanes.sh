@@ -5,9 +5,10 @@
 # other. A lone "--" is a barrier: every lane before it ends before the next ones start.
 # An item is a scenario ("molecule test -s NAME") or NAME:ACTION+ACTION... (molecule's own commands, in
 # order); make:TARGET+TARGET runs those Makefile targets side by side (make -j2), logged as "make". When
-# an action fails, the scenario is destroyed and its later items are skipped; other scenarios go on. Output: $MOLECULE_LOG_DIR/<scenario>.log; each item's seconds and result are printed as
-# it ends; at the end a failed scenario's log tail, then its failing tasks and tests (CI keeps the
-# last lines); non-zero exit if any failed.
+# an action fails, the scenario is destroyed and its later items are skipped; other scenarios go on.
+# Output: $MOLECULE_LOG_DIR/<scenario>.log; each item's seconds and result are printed as it ends; at the
+# end a failed scenario's log tail, then its failing tasks and tests (CI keeps the last lines); non-zero
+# exit if any failed.
 # `tests/molecule-lanes.sh --summary` prints that end again from the logs of the last run (make test puts it
 # after lint's and unit's output).
 set -uo pipefail

@@ -16,9 +16,9 @@ samples go): renames it ``NAME.running``, runs the bench while a thread samples 
 ``samples``, ``seconds``, ``exit_code``) and last ``NAME.done``, ``{"exit_code": N}``: 0 when the bench
 returned, 2 when ``argv`` did not parse, 1 when it raised (the traceback goes to stderr, the container's
 log; a bench module that cannot be imported fails every request so). Written through a temporary name and
-renamed, so a reader never sees half a file. A file ``stop`` in
-the spool ends the loop once no request waits; SIGTERM (``docker stop``) ends it after the run under way. Standard library and the bench
-module only (``--bench``, vLLM's ``vllm.benchmarks.serve`` by default: ``add_cli_args(parser)`` and
+renamed, so a reader never sees half a file. A file ``stop`` in the spool ends the loop once no request
+waits; SIGTERM (``docker stop``) ends it after the run under way. Standard library and the bench module
+only (``--bench``, vLLM's ``vllm.benchmarks.serve`` by default: ``add_cli_args(parser)`` and
 ``main(args)``, vLLM 0.32.0).
 """
 
@@ -29,6 +29,7 @@ import importlib
 import json
 import os
 import pathlib
+import signal
 import sys
 import threading
 import time
@@ -141,8 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench", default="vllm.benchmarks.serve", help="the bench module")
     args = parser.parse_args(argv)
     stopping = threading.Event()
-    import signal  # noqa: PLC0415 - only the command line handles signals
-
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stopping.set())
     try:
         bench = load_bench(args.bench)
