@@ -59,6 +59,16 @@ def users_play(action: str, name: str, keys_file, users: list) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
+def engine_metrics(host) -> dict[str, float]:
+    """vLLM's Prometheus counters on the box's loopback, summed over label sets: name -> value."""
+    values: dict[str, float] = {}
+    for line in host.check_output("curl -sf http://127.0.0.1:8000/metrics").splitlines():
+        if line.startswith("vllm:"):
+            name, value = line.split("{")[0].split(" ")[0], line.rsplit(" ", 1)[1]
+            values[name] = values.get(name, 0.0) + float(value)
+    return values
+
+
 def engine_identity(host) -> tuple:
     """The engine container's ID, start time, main PID and restart count: one of them changes when anything
     restarts or replaces it."""

@@ -23,7 +23,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import testinfra
-from conftest import CACHE, REPO, ansible_playbook, engine_identity, users_play, vault_view
+from conftest import CACHE, REPO, ansible_playbook, engine_identity, engine_metrics, users_play, vault_view
 
 from teamserve_capacity.planner import user_inflight_share
 
@@ -341,7 +341,12 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
     stop, cont = "pkill -STOP -f '^VLLM::EngineCore'", "pkill -CONT -f '^VLLM::EngineCore'"  # the anchor keeps
     blocking = threading.Thread(target=blockers, daemon=True)                             # pkill off its shell
     blocking.start()
-    time.sleep(0.5)  # the blockers fill the batch (together they take seconds of engine time)
+    # Pause only once the blockers hold the whole batch: a fixed wait lost the race on a slow day, and
+    # alice's first stream then ran beside the blockers instead of queueing behind them.
+    deadline = time.monotonic() + 60
+    while engine_metrics(BOX_EXEC).get("vllm:num_requests_running", 0) < seqs:
+        assert time.monotonic() < deadline and blocking.is_alive(), ("the blockers never held the batch", blocker_out)
+        time.sleep(0.2)
     sent_epoch = time.time()
     BOX_EXEC.check_output(stop)
     ended_first: set[str] = set()

@@ -21,7 +21,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import testinfra
-from conftest import GROUP_VARS, engine_identity, vault_view
+from conftest import GROUP_VARS, engine_identity, engine_metrics, vault_view
 
 testinfra_hosts = ["ansible://teamserve-box"]
 # The same box through `docker exec`: a read of the engine's counters in a fraction of the ansible
@@ -41,16 +41,6 @@ def sdk(testbed_vars: dict, key: str, verify) -> openai.OpenAI:
     """The official SDK for one user; no retries, so 429/503 reach the test as typed errors."""
     return openai.OpenAI(base_url=base_url(testbed_vars), api_key=key, max_retries=0, timeout=60,
                          http_client=httpx.Client(verify=verify))
-
-
-def engine_metrics(host) -> dict[str, float]:
-    """vLLM's Prometheus counters on the box's loopback, summed over label sets: name -> value."""
-    values: dict[str, float] = {}
-    for line in host.check_output("curl -sf http://127.0.0.1:8000/metrics").splitlines():
-        if line.startswith("vllm:"):
-            name, value = line.split("{")[0].split(" ")[0], line.rsplit(" ", 1)[1]
-            values[name] = values.get(name, 0.0) + float(value)
-    return values
 
 
 @contextlib.contextmanager
