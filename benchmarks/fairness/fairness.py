@@ -17,6 +17,7 @@ Keys come from the testbed's vault (ansible-vault, the testbed's password file),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -53,21 +54,41 @@ def user_caps() -> dict[str, int]:
     caps = {}
     for line in caddyfile.splitlines():
         fields = line.split()
-        if len(fields) == 6 and len(fields[0]) == 64:  # <sha256> name expires cap tier lane
+        # <sha256> name expires cap, then the tier, lane and token budgets (columns the map may gain)
+        if len(fields) >= 4 and len(fields[0]) == 64 and fields[3].isdigit():
             caps[fields[1]] = int(fields[3])
+    if not caps:
+        raise SystemExit(f"no key-map rows (<sha256> name expires cap ...) in {BOX}'s /etc/caddy/Caddyfile")
     return caps
 
 
-def ttft(key: str, tokens: int, timeout: float, gaps: list[float] | None = None) -> float | str:
+PHASES = {"connection.connect_tcp.complete": "tcp", "connection.start_tls.complete": "tls",
+          "http11.send_request_body.complete": "sent", "http11.receive_response_headers.complete": "headers"}
+
+
+def ttft(key: str, tokens: int, timeout: float, gaps: list[float] | None = None,
+         phases: dict[str, float] | None = None, client: httpx.Client | None = None) -> float | str:
     """Seconds to the first content token of one streamed chat request, or "<status> <code>". With
     `gaps`, the stream's mean seconds per output token after the first (its TPOT: one engine step, as
-    one stream sees it; chunks arrive in bursts, so single gaps say nothing) is appended to it."""
+    one stream sees it; chunks arrive in bursts, so single gaps say nothing) is appended to it. With
+    `phases`, the seconds from the start to each step the client saw (PHASES' values: TCP connected, TLS
+    done, request sent, response headers in; httpcore's `trace` extension) are written into it; a request
+    on a kept connection has no TCP or TLS step. With `client`, its connections are reused, as an SDK
+    client's are; without, each request opens its own."""
     body = {"model": "tiny", "stream": True, "max_tokens": tokens, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Count."}]}
     start = time.monotonic()
-    with httpx.Client(verify=str(CA), timeout=timeout) as client, \
-            client.stream("POST", f"{GATEWAY}/v1/chat/completions", json=body,
-                          headers={"Authorization": f"Bearer {key}"}) as response:
+
+    def trace(event: str, _info: dict[str, Any]) -> None:
+        if phases is not None and event in PHASES:
+            phases[PHASES[event]] = time.monotonic() - start
+
+    with contextlib.ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(httpx.Client(verify=str(CA), timeout=timeout))
+        response = stack.enter_context(client.stream("POST", f"{GATEWAY}/v1/chat/completions", json=body,
+                                                     headers={"Authorization": f"Bearer {key}"},
+                                                     extensions={"trace": trace}))
         if response.status_code != 200:
             response.read()
             return f"{response.status_code} {response.json()['error']['code']}"
@@ -110,7 +131,17 @@ def max_in_flight(user: str, since: float) -> int:
 
 def one_round(keys: dict[str, str], args: argparse.Namespace, cap: int) -> dict[str, Any]:
     """Baseline, then the flood; returns the victim's summaries, the flood's outcomes and admitted cost."""
-    baseline = [ttft(keys[args.victim], args.short_tokens, args.timeout) for _ in range(args.samples)]
+    # The victim keeps one client per phase, as an SDK user does, unless told to connect per request.
+    victim = contextlib.ExitStack()
+
+    def own() -> httpx.Client | None:
+        if args.connect_per_request:
+            return None
+        return victim.enter_context(httpx.Client(verify=str(CA), timeout=args.timeout))
+
+    base_client = own()
+    baseline = [ttft(keys[args.victim], args.short_tokens, args.timeout, client=base_client)
+                for _ in range(args.samples)]
     since = time.time() - 1
     outcomes: list[float | str] = []
     gaps: list[float] = []
@@ -130,7 +161,11 @@ def one_round(keys: dict[str, str], args: argparse.Namespace, cap: int) -> dict[
     for thread in flood:
         thread.start()
     time.sleep(args.settle)  # the admitted streams are generating
-    during = [ttft(keys[args.victim], args.short_tokens, args.timeout) for _ in range(args.samples)]
+    steps: list[dict[str, float]] = [{} for _ in range(args.samples)]
+    during_client = own()
+    during = [ttft(keys[args.victim], args.short_tokens, args.timeout, phases=steps[i], client=during_client)
+              for i in range(args.samples)]
+    victim.close()
     for thread in flood:
         thread.join(timeout=args.timeout)
     flood_refused: dict[str, int] = {}
@@ -144,7 +179,10 @@ def one_round(keys: dict[str, str], args: argparse.Namespace, cap: int) -> dict[
     allowed = max(0.10 * base.get("p95", 0.0), step)
     met = bool(base["n"] and loaded["n"]) and not loaded["refused"] and not base["refused"] and \
         loaded["p95"] <= base["p95"] + allowed
+    # Where the slowest answer during the flood spent its time (seconds from its start).
+    slowest = max(range(args.samples), key=lambda i: during[i] if isinstance(during[i], float) else -1.0)
     return {"baseline": base, "during": loaded,
+            "slowest": {**steps[slowest], "first_token": during[slowest]},
             "flood": {"sent": len(flood), "served": outcomes.count("200"), "refused": flood_refused,
                       "max_in_flight": max_in_flight(args.flooder, since), "cap": cap, "engine_step": step},
             "goal": {"allowed_increase": allowed, "met": met}}
@@ -169,6 +207,8 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=2.0, help="seconds between the flood and the measurement")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request at most")
     parser.add_argument("--json", type=pathlib.Path, help="write every round's figures here")
+    parser.add_argument("--connect-per-request", action="store_true",
+                        help="the victim opens a new connection (TCP, TLS) for each request instead of keeping one")
     args = parser.parse_args()
     keys = testbed_keys()
     cap = user_caps()[args.flooder]
@@ -182,6 +222,8 @@ def main() -> None:
         print(f"round {number}: {args.flooder} sent {flood['sent']} (cap {cap}), served {flood['served']}, "
               f"refused {flood['refused']}, at most {flood['max_in_flight']} sequences admitted at once; "
               f"engine step {flood['engine_step']:.3f} s")
+        print(f"round {number}: {args.victim}'s slowest during the flood (s from its start): "
+              + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in result["slowest"].items()))
         print(f"round {number}: goal (0 refused, p95 within +{result['goal']['allowed_increase']:.3f} s of "
               f"the baseline) {'met' if result['goal']['met'] else 'NOT met'}")
     if args.json:

@@ -19,6 +19,10 @@ wire format of the OpenAI API (the format vLLM's OpenAI-compatible server also s
   ``"model": "fixture-wait"`` answers a non-streamed request only after ``max_tokens`` x
   ``FIXTURE_TOKEN_DELAY_S`` seconds, as an engine does that generates before it sends anything (a client
   can go away before the answer).
+* A request with the header ``X-Fixture-Idle-Close`` (any value) is answered, and the next request on
+  its connection is not: the connection is closed when it arrives, as an HTTP server closes a keep-alive
+  connection whose idle timeout fires just as the client writes into it (vLLM's uvicorn, after
+  ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` seconds).
 * ``GET /fixture/stats`` -> JSON counters: requests served, streams completed, streams aborted by the
   client (a write to a closed socket), and the Authorization header values seen, hashed with SHA-256
   (so tests can prove which key reached the engine without the key ever being logged).
@@ -50,6 +54,8 @@ BUSY_MODEL = "fixture-busy"
 BUSY_HEADER = "X-Fixture-Busy"
 # Asking for this model delays a non-streamed answer by the time its tokens take.
 WAIT_MODEL = "fixture-wait"
+# A request with this header (any value) gets its connection closed, unanswered, at its next request.
+IDLE_CLOSE_HEADER = "X-Fixture-Idle-Close"
 
 _lock = threading.Lock()
 _stats: dict[str, Any] = {
@@ -58,6 +64,7 @@ _stats: dict[str, Any] = {
     "streams_aborted": 0,
     "in_flight": 0,
     "max_in_flight": 0,
+    "closed_as_idle": 0,
     "authorization_sha256": [],
 }
 
@@ -78,6 +85,17 @@ class Handler(BaseHTTPRequestHandler):
     """Request handler; HTTP/1.1 so SSE responses can be sent with chunked transfer encoding."""
 
     protocol_version = "HTTP/1.1"
+    close_at_next = False  # set on the connection's handler by IDLE_CLOSE_HEADER
+
+    def _closed_as_idle(self) -> bool:
+        """Close the connection without an answer if its last request asked for it (IDLE_CLOSE_HEADER)."""
+        if self.close_at_next:
+            _bump("closed_as_idle")
+            self.close_connection = True
+            return True
+        if self.headers.get(IDLE_CLOSE_HEADER) is not None:
+            self.close_at_next = True
+        return False
 
     def log_message(self, fmt: str, *args: object) -> None:  # keep journal quiet; stats are at /fixture/stats
         return
@@ -102,6 +120,8 @@ class Handler(BaseHTTPRequestHandler):
         return True
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        if self._closed_as_idle():
+            return
         if self.path == "/health":
             self._send_json(200, b"")
         elif self.path == "/fixture/stats":
@@ -115,6 +135,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(404, _openai_error("Not found", "invalid_request_error", "not_found"))
 
     def do_POST(self) -> None:  # noqa: N802
+        if self._closed_as_idle():
+            return
         length = int(self.headers.get("Content-Length", "0"))
         request = json.loads(self.rfile.read(length) or b"{}")
         body: dict[str, Any]

@@ -131,6 +131,20 @@ def test_stream_arrives_incrementally(base_url, ca_file, keys, gateway_vars):
     assert arrivals[-1] - arrivals[0] > delay * 9 * 0.7
 
 
+def test_a_connection_the_engine_closes_as_idle_never_costs_a_request(host, base_url, ca_file, keys):
+    """vLLM's server closes a keep-alive connection idle for 5 s; a request the gateway wrote into it just
+    then got 502 engine_unavailable (a POST is not retried). The test double closes the connection of a
+    request marked X-Fixture-Idle-Close when the next request arrives on it, unanswered: the gateway's next
+    request goes on a connection of its own and is answered."""
+    before = engine_stats(host)["closed_as_idle"]
+    for mark in ({"X-Fixture-Idle-Close": "1"}, {}):
+        reply = httpx.post(base_url + "/chat/completions", verify=ca_file, timeout=30,
+                           headers={"Authorization": f"Bearer {keys['bob']}", **mark},
+                           json={"model": "fixture", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200, reply.text
+    assert engine_stats(host)["closed_as_idle"] == before
+
+
 def test_rate_limit_per_user(base_url, ca_file, keys):
     alice = client(base_url, ca_file, keys["alice"])
     statuses = []
