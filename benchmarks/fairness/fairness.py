@@ -129,19 +129,20 @@ def max_in_flight(user: str, since: float) -> int:
     return max(seen, default=0)
 
 
+def victim_phase(key: str, args: argparse.Namespace, steps: list[dict[str, float]] | None = None) -> list[float | str]:
+    """The victim's --samples short requests, one after the other, each ttft()'s result: on one kept
+    connection, as an SDK client sends them, or each on its own with --connect-per-request. With `steps`
+    (one dict per request), each request's phases are written into its dict."""
+    with contextlib.ExitStack() as stack:
+        client = None if args.connect_per_request else \
+            stack.enter_context(httpx.Client(verify=str(CA), timeout=args.timeout))
+        return [ttft(key, args.short_tokens, args.timeout, phases=steps[i] if steps else None, client=client)
+                for i in range(args.samples)]
+
+
 def one_round(keys: dict[str, str], args: argparse.Namespace, cap: int) -> dict[str, Any]:
     """Baseline, then the flood; returns the victim's summaries, the flood's outcomes and admitted cost."""
-    # The victim keeps one client per phase, as an SDK user does, unless told to connect per request.
-    victim = contextlib.ExitStack()
-
-    def own() -> httpx.Client | None:
-        if args.connect_per_request:
-            return None
-        return victim.enter_context(httpx.Client(verify=str(CA), timeout=args.timeout))
-
-    base_client = own()
-    baseline = [ttft(keys[args.victim], args.short_tokens, args.timeout, client=base_client)
-                for _ in range(args.samples)]
+    baseline = victim_phase(keys[args.victim], args)
     since = time.time() - 1
     outcomes: list[float | str] = []
     gaps: list[float] = []
@@ -162,10 +163,7 @@ def one_round(keys: dict[str, str], args: argparse.Namespace, cap: int) -> dict[
         thread.start()
     time.sleep(args.settle)  # the admitted streams are generating
     steps: list[dict[str, float]] = [{} for _ in range(args.samples)]
-    during_client = own()
-    during = [ttft(keys[args.victim], args.short_tokens, args.timeout, phases=steps[i], client=during_client)
-              for i in range(args.samples)]
-    victim.close()
+    during = victim_phase(keys[args.victim], args, steps)
     for thread in flood:
         thread.join(timeout=args.timeout)
     flood_refused: dict[str, int] = {}
