@@ -134,14 +134,16 @@ def test_stream_arrives_incrementally(base_url, ca_file, keys, gateway_vars):
 def test_a_connection_the_engine_closes_as_idle_never_costs_a_request(host, base_url, ca_file, keys):
     """vLLM's server closes a keep-alive connection idle for 5 s; a request the gateway wrote into it just
     then got 502 engine_unavailable (a POST is not retried). The test double closes the connection of a
-    request marked X-Fixture-Idle-Close when the next request arrives on it, unanswered: the gateway's next
-    request goes on a connection of its own and is answered."""
+    request marked X-Fixture-Idle-Close when the next request arrives on it, unanswered, as an engine whose
+    idle timeout has run out. The gateway keeps an idle connection 2 s, so the next request, 3 s later,
+    goes on a connection of its own and is answered (Caddy's default, 2 min, answers it 502)."""
     before = engine_stats(host)["closed_as_idle"]
     for mark in ({"X-Fixture-Idle-Close": "1"}, {}):
         reply = httpx.post(base_url + "/chat/completions", verify=ca_file, timeout=30,
                            headers={"Authorization": f"Bearer {keys['bob']}", **mark},
                            json={"model": "fixture", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
+        time.sleep(3)
     assert engine_stats(host)["closed_as_idle"] == before
 
 

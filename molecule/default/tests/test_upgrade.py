@@ -223,6 +223,8 @@ class FrontWatcher(threading.Thread):
         super().__init__(daemon=True)
         self.key, self.done = key, threading.Event()
         self.seen: list[tuple[int, str]] = []
+        # Each answer not served, with its UTC time and body, to find it in the gateways' access logs.
+        self.unserved: list[tuple[str, int, str]] = []
 
     def run(self) -> None:
         body = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
@@ -233,8 +235,12 @@ class FrontWatcher(threading.Thread):
                                          headers={"Authorization": f"Bearer {self.key}"})
                     data = response.json()
                     self.seen.append((response.status_code, data.get("model") or data.get("error", {}).get("code")))
+                    if response.status_code != 200:
+                        self.unserved.append((time.strftime("%H:%M:%S", time.gmtime()), response.status_code,
+                                              response.text[:300]))
                 except Exception as err:  # noqa: BLE001 - any failure is an answer not served, and is kept
                     self.seen.append((0, type(err).__name__))
+                    self.unserved.append((time.strftime("%H:%M:%S", time.gmtime()), 0, repr(err)[:300]))
                 self.done.wait(1)
 
     def stop(self) -> list:
@@ -260,7 +266,9 @@ def healthy_upgrade(host, before, previous_release, keys) -> dict:
     started = time.monotonic()
     result = run_upgrade()
     return {"result": result, "seconds": time.monotonic() - started, "digest": before["pins"]["vllm_image_digest"],
-            "seen": watcher.stop(), "front": front.stop(), "engine": engine(host), "pins": deployed_pins(host),
+            "seen": watcher.stop(), "front": front.stop(), "front_unserved": front.unserved,
+            "box_502": host.run("grep -h '\"status\":502' /var/log/caddy/access.log | tail -n 5").stdout,
+            "engine": engine(host), "pins": deployed_pins(host),
             "history": history(host), "recorded_before": recorded_before, "recorded_after": deployed(host)["engine"],
             "served": served_version(keys["alice"])}
 
@@ -409,7 +417,8 @@ def test_healthy_upgrade_rolls_behind_the_front(healthy_upgrade, keys):
     models = [answer for status, answer in front if status == 200]
     print(f"through the front during the upgrade: {len(front)} requests, {models.count('tiny')} by this box, "
           f"{models.count('fixture-b')} by teamserve-box-b, not served: {[s for s in front if s[0] != 200]}")
-    assert len(front) >= 30 and all(status == 200 for status, _ in front), front
+    assert len(front) >= 30 and all(status == 200 for status, _ in front), (
+        healthy_upgrade["front_unserved"], healthy_upgrade["box_502"], healthy_upgrade["result"].stdout[-4000:])
     assert "fixture-b" in models
     # Alone, a request goes to the least loaded box in the pool's order: this box, once it is back.
     body = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
