@@ -52,6 +52,7 @@ fi
 
 mkdir -p "$log_dir"
 rm -f "$log_dir"/*.log "$log_dir"/*.failed
+rm -rf "$log_dir"/default-playbooks # the playbook runs of the default scenario's tests (its conftest.py)
 
 run_item() {
   local item=$1 scenario=${1%%:*} action start rc=0

@@ -34,13 +34,30 @@ def ansible_playbook(playbook: pathlib.Path, extra_vars: dict | None = None, *, 
     if stdout_callback:
         env["ANSIBLE_STDOUT_CALLBACK"] = stdout_callback
     inventory = pathlib.Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent  # with its host_vars and group_vars
+    started = time.monotonic()
     with tempfile.NamedTemporaryFile("w", suffix=".json") as extra:
         json.dump(extra_vars or {}, extra)
         extra.flush()
-        return subprocess.run(
+        run = subprocess.run(
             [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), "-e", f"@{extra.name}",
              *(["-" + "v" * verbosity] if verbosity else []), *args, str(playbook)],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    keep_playbook_output(playbook, run, time.monotonic() - started)
+    return run
+
+
+def keep_playbook_output(playbook: pathlib.Path, run: subprocess.CompletedProcess, seconds: float) -> None:
+    """Keep a test's playbook run (its output with profile_tasks' timings, return code and wall time in
+    seconds) under MOLECULE_LOG_DIR/default-playbooks/, numbered in run order, so a passing run's time can
+    be read afterwards too. Does nothing when MOLECULE_LOG_DIR is not set."""
+    if not os.environ.get("MOLECULE_LOG_DIR"):
+        return
+    folder = pathlib.Path(os.environ["MOLECULE_LOG_DIR"]) / "default-playbooks"
+    folder.mkdir(parents=True, exist_ok=True)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    name = f"{len(list(folder.glob('*.log'))) + 1:02d}-{time.strftime('%H%M%S')}-{playbook.stem}.log"
+    (folder / name).write_text(f"# {test}\n# {playbook.name}: rc {run.returncode} after {seconds:.0f} s\n"
+                               + run.stdout + "\n# stderr\n" + run.stderr)
 
 
 def json_callback_document(stdout: str) -> dict:

@@ -376,11 +376,14 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
     assert all(isinstance(at, float) for at in ends.values()) and len(ends) == len(clients), ends
     # What the gateway wrote (its access log): the user's sequences in flight with the request, and the
     # priority: 0 within the fair share (1 sequence here), one more per sequence past it; bob's forged
-    # -100 replaced.
+    # -100 replaced. The k-th of a user's requests to reach the gateway holds k in flight: the clients
+    # start 0.25 s apart, but on a loaded machine two of one user's may reach it in the other order.
     written = {e["request"]["headers"]["X-Test-Name"][0]: (int(e["in_flight"]), int(e["priority"]))
                for user in ("alice", "bob", "dana") for e in access_log(host, user, sent_epoch)}
-    assert written == {**{f"alice{i}": (i + 1, i) for i in range(seqs)},
-                       "bob1": (1, 0), "bob2": (2, 1), "dana": (1, 0)}, written
+    assert set(written) == {f"alice{i}" for i in range(seqs)} | set(short), written
+    by_user = {user: sorted(v for name, v in written.items() if name.startswith(user)) for user in ("alice", "bob")}
+    assert by_user == {"alice": [(k + 1, k) for k in range(seqs)], "bob": [(1, 0), (2, 1)]}, written
+    assert written["dana"] == (1, 0), written
     # The three ran in the first batch after the blockers: each ended before any of alice's long streams
     # (first come first served: after all of them). Told by when each client saw its stream end.
     assert max(ends[name] for name in short) < min(ends[f"alice{i}"] for i in range(seqs)), (ended_first, ends)

@@ -1,6 +1,8 @@
-"""Filter of the upgrade: what a change of pins does to the engine (``teamserve_engine_changes``).
+"""Filters of the upgrade: what a change of pins does to the engine (``teamserve_engine_changes``) and
+whether it reaches the gateway (``teamserve_gateway_changes``).
 
     {{ recorded_engine | teamserve_engine_changes(new_engine) }}
+    {{ recorded_engine | teamserve_gateway_changes(new_engine, changed_pins, gateway_pins) }}
 """
 
 from __future__ import annotations
@@ -55,8 +57,32 @@ def teamserve_engine_changes(old: Any, new: Any) -> list[str]:
     return lines or ["no change to the engine's plan or flags"]
 
 
+# The parts of the engine record the gateway is configured from: the engine's flags (max-num-seqs,
+# max-model-len, the scheduling policy, the served model name are in its argv) and the per-user admission.
+_GATEWAY_FIELDS = (("argv", "the engine's flags"), ("admission", "the per-user admission"),
+                   ("max_model_len", "max-model-len"))
+
+
+def teamserve_gateway_changes(old: Any, new: Any, changed_pins: Iterable[str], gateway_pins: Iterable[str]) -> list[str]:
+    """Why an upgrade must apply the gateway again (the caddy role), or [] when the new pins leave its inputs
+    as the box runs them.
+
+    Inputs: ``old`` and ``new`` engine records as for teamserve_engine_changes (here also ``admission``,
+    the plan's per-user caps); ``changed_pins``, the lock keys this upgrade changes; ``gateway_pins``, the
+    lock keys the gateway is deployed from. Output: one reason per differing input, e.g. "caddy_version
+    changed", "the engine's flags changed"; "the box recorded no plan for the gateway" when ``old`` is missing
+    or lacks a field, so an older record always applies the gateway.
+    """
+    reasons = [f"{pin} changed" for pin in gateway_pins if pin in set(changed_pins)]
+    if not isinstance(old, dict) or any(field not in old for field, _ in _GATEWAY_FIELDS):
+        return [*reasons, "the box recorded no plan for the gateway"]
+    reasons += [f"{label} changed" for field, label in _GATEWAY_FIELDS if old.get(field) != new.get(field)]
+    return reasons
+
+
 class FilterModule:
-    """Registers teamserve_engine_changes."""
+    """Registers teamserve_engine_changes and teamserve_gateway_changes."""
 
     def filters(self) -> dict[str, Any]:
-        return {"teamserve_engine_changes": teamserve_engine_changes}
+        return {"teamserve_engine_changes": teamserve_engine_changes,
+                "teamserve_gateway_changes": teamserve_gateway_changes}
