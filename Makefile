@@ -19,7 +19,9 @@ export TESTBED_CACHE ?= /var/cache/teamserve-testbed
 # the upgrade tests by what they saved the first (docs/timings.md, run Y), and the last phase's timed checks
 # (the fair-share bound, the upgrades' load tests) are better off without them.
 # Logs: MOLECULE_LOG_DIR/<scenario>.log (make.log for lint and unit).
-MOLECULE_LANES ?= default:destroy+syntax+converge+idempotence gpu_host -- default:side-effect -- default:verify+destroy caddy,firewall,check
+# default's lane leaves molecule's syntax step out: ansible-lint's syntax-check rule runs
+# `ansible-playbook --syntax-check` on site.yml (the scenario's converge playbook) in the lint lane beside it.
+MOLECULE_LANES ?= default:destroy+converge+idempotence gpu_host -- default:side-effect -- default:verify+destroy caddy,firewall,check
 TEST_LANES ?= $(subst gpu_host --,gpu_host make:lint+unit --,$(MOLECULE_LANES))
 MOLECULE_SCENARIOS = $(notdir $(patsubst %/,%,$(dir $(wildcard molecule/*/molecule.yml))))
 export MOLECULE_LOG_DIR ?= $(CURDIR)/.cache/molecule-logs
