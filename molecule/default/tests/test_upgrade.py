@@ -1,6 +1,8 @@
-"""playbooks/upgrade.yml on the box site.yml converged: a broken engine image rolls back by itself, so
-does a slow one (capacity gate), a flag the new release lacks stops in preflight; then the box is put on
-the previous vLLM release (0.31.0) and upgraded to 0.32.0 for real, and a last run finds nothing to upgrade.
+"""playbooks/upgrade.yml on the box site.yml converged, in this order: a flag the new release lacks stops
+in preflight; site.yml puts the box on the previous vLLM release (0.31.0) and upgrade.yml takes it to 0.32.0
+for real; then a broken engine image rolls back by itself (its readiness wait derived from that upgrade's
+cold start), so does a slow one (the capacity gate, armed again by the lock file's pins), and a last run
+finds nothing to upgrade.
 
 Each upgrade is run the way an admin runs it: change a pin over the lock file, run ansible-playbook. The
 pin goes into host_vars/teamserve-box.yml next to this scenario (git-ignored, linked into molecule's
@@ -129,52 +131,25 @@ def history_of_starts(state: dict) -> list:
     return [json.loads(line) for line in state["cold_starts"].splitlines()]
 
 
-@pytest.fixture(scope="module")
-def before(host, engine_as_converged) -> dict:
-    """The box before the upgrades: the pins site.yml recorded, and the engine's argv as converge ran it."""
-    current = engine(host)
-    engine_as_converged.setdefault("cmd", current["Config"]["Cmd"])
-    return {"engine": current, "pins": deployed_pins(host), "history": history(host),
+def box_now(host) -> dict:
+    """What an upgrade starts from: the running engine, the box's record (its pins and engine plan), the
+    upgrade history and the cold starts measured so far."""
+    return {"engine": engine(host), "pins": deployed_pins(host), "history": history(host),
             "recorded_engine": deployed(host)["engine"],
             "cold_starts": host.file("/var/lib/teamserve/cold-start.jsonl").content_string}
 
 
 @pytest.fixture(scope="module")
-def broken_upgrade(host, before, keys) -> dict:
-    """Pin the digest of the engine image that never becomes ready and run the upgrade."""
-    assert generated()["testbed_vllm_image_broken_digest"].startswith("sha256:")
-    watcher = GatewayWatcher(keys["bob"])
-    watcher.start()
-    set_pin(generated()["testbed_vllm_image_broken_digest"], vllm_cold_start_regression_margin=BROKEN_UPGRADE_MARGIN,
-            vllm_ready_timeout_min=BROKEN_UPGRADE_FLOOR)
-    started = time.monotonic()
-    try:
-        result = run_upgrade()
-    finally:
-        set_pin(before["pins"]["vllm_image_digest"])  # what the admin does after a rollback
-    return {"result": result, "seconds": time.monotonic() - started, "seen": watcher.stop(), "health": watcher.health,
-            "engine": engine(host), "pins": deployed_pins(host), "history": history(host)}
+def before(host, engine_as_converged) -> dict:
+    """The box before the upgrades: the pins site.yml recorded, and the engine's argv as converge ran it."""
+    state = box_now(host)
+    engine_as_converged.setdefault("cmd", state["engine"]["Config"]["Cmd"])
+    return state
 
 
 @pytest.fixture(scope="module")
-def slow_upgrade(host, broken_upgrade, before) -> dict:
-    """Then pin the engine that serves one sequence at a time: it comes up and answers, and only the
-    capacity gate (against the sweep side_effect.yml recorded) can tell. The eval set is asked too."""
-    digest = generated()["testbed_vllm_image_slow_digest"]
-    assert digest.startswith("sha256:")
-    set_pin(digest, teamserve_upgrade_eval_file=str(EVAL_FILE))
-    started = time.monotonic()
-    try:
-        result = run_upgrade()
-    finally:
-        set_pin(before["pins"]["vllm_image_digest"])
-    return {"result": result, "seconds": time.monotonic() - started, "engine": engine(host),
-            "pins": deployed_pins(host), "history": history(host), "sweeps": sweeps(host)}
-
-
-@pytest.fixture(scope="module")
-def release_refused(host, slow_upgrade, before) -> dict:
-    """Then pin vLLM 0.31.0 with a flag only 0.32.0 has (--grpc-port): the preflight refuses it."""
+def release_refused(host, before) -> dict:
+    """First pin vLLM 0.31.0 with a flag only 0.32.0 has (--grpc-port): the preflight refuses it."""
     running = engine(host)
     set_pin(before["pins"]["vllm_image_digest"], vllm_version="0.31.0", vllm_extra_args=["--grpc-port", "50051"])
     try:
@@ -211,7 +186,8 @@ def previous_release(host, release_refused, keys) -> dict:
     records = [json.loads(line) for line in host.file("/var/lib/teamserve/cold-start.jsonl").content_string.splitlines()]
     return {"result": result, "seconds": seconds, "digest": digest, "version": version, "front": front.stop(),
             "restarts_measured": len([r for r in records if r["trigger"] == "restart"]) - restarts,
-            "engine": engine(host), "recorded": deployed(host), "served": served_version(keys["alice"])}
+            "engine": engine(host), "recorded": deployed(host), "served": served_version(keys["alice"]),
+            "history": history(host)}
 
 
 class FrontWatcher(threading.Thread):
@@ -273,6 +249,45 @@ def healthy_upgrade(host, before, previous_release, keys) -> dict:
             "served": served_version(keys["alice"])}
 
 
+@pytest.fixture(scope="module")
+def broken_upgrade(host, before, healthy_upgrade, keys) -> dict:
+    """Then pin the digest of the engine image that never becomes ready and run the upgrade. It comes after
+    the healthy upgrade, whose cold start (measured in this phase of the run) is the box's last deploy
+    that the readiness wait is derived from. `prior` is the box as this upgrade found it."""
+    assert healthy_upgrade["result"].returncode == 0, healthy_upgrade["result"].stdout[-3000:]
+    assert generated()["testbed_vllm_image_broken_digest"].startswith("sha256:")
+    prior = box_now(host)
+    watcher = GatewayWatcher(keys["bob"])
+    watcher.start()
+    set_pin(generated()["testbed_vllm_image_broken_digest"], vllm_cold_start_regression_margin=BROKEN_UPGRADE_MARGIN,
+            vllm_ready_timeout_min=BROKEN_UPGRADE_FLOOR)
+    started = time.monotonic()
+    try:
+        result = run_upgrade()
+    finally:
+        set_pin(before["pins"]["vllm_image_digest"])  # what the admin does after a rollback
+    return {"result": result, "seconds": time.monotonic() - started, "seen": watcher.stop(), "health": watcher.health,
+            "engine": engine(host), "pins": deployed_pins(host), "history": history(host), "prior": prior}
+
+
+@pytest.fixture(scope="module")
+def slow_upgrade(host, broken_upgrade, before) -> dict:
+    """Then pin the engine that serves one sequence at a time: it comes up and answers, and only the
+    capacity gate (against the sweep side_effect.yml recorded, on the pins the box is back on) can tell.
+    The eval set is asked too."""
+    digest = generated()["testbed_vllm_image_slow_digest"]
+    assert digest.startswith("sha256:")
+    prior = box_now(host)
+    set_pin(digest, teamserve_upgrade_eval_file=str(EVAL_FILE))
+    started = time.monotonic()
+    try:
+        result = run_upgrade()
+    finally:
+        set_pin(before["pins"]["vllm_image_digest"])
+    return {"result": result, "seconds": time.monotonic() - started, "engine": engine(host),
+            "pins": deployed_pins(host), "history": history(host), "sweeps": sweeps(host), "prior": prior}
+
+
 def test_site_recorded_the_pins_it_deployed(before):
     lock = committed_lock()
     assert before["pins"]["vllm_image_digest"] == generated()["testbed_vllm_image_digest"]
@@ -284,7 +299,7 @@ def test_site_recorded_the_pins_it_deployed(before):
     assert recorded["kv_tokens"] > 0 and recorded["max_num_seqs"] == int(recorded["argv"][recorded["argv"].index("--max-num-seqs") + 1])
 
 
-def test_a_flag_the_new_release_lacks_stops_the_upgrade_in_preflight(release_refused, slow_upgrade):
+def test_a_flag_the_new_release_lacks_stops_the_upgrade_in_preflight(release_refused, before):
     """Nothing changes: the same container, the same pins, no upgrade recorded."""
     result = release_refused["result"]
     out = " ".join(result.stdout.split())
@@ -294,84 +309,7 @@ def test_a_flag_the_new_release_lacks_stops_the_upgrade_in_preflight(release_ref
     assert "Switch the gateway to maintenance" not in result.stdout
     assert release_refused["engine"]["Id"] == release_refused["running"]["Id"]
     assert release_refused["engine"]["State"]["StartedAt"] == release_refused["running"]["State"]["StartedAt"]
-    assert release_refused["pins"] == slow_upgrade["pins"] and release_refused["history"] == slow_upgrade["history"]
-
-
-def test_broken_upgrade_fails_and_says_it_rolled_back(broken_upgrade):
-    result = broken_upgrade["result"]
-    assert result.returncode != 0, result.stdout[-3000:]
-    assert "rolled back" in result.stdout, result.stdout[-3000:]
-    assert "Wait for the engine to load the model and answer /health" in result.stdout
-    # A new image alone changes none of the gateway's inputs: the caddy role ran neither way.
-    assert "The gateway keeps its config: the new pins change none of its inputs" in " ".join(result.stdout.split())
-    assert "TASK [caddy : Render the Caddyfile]" not in result.stdout
-
-
-def test_broken_engine_given_up_after_the_derived_wait_not_the_budget(before, broken_upgrade):
-    """The readiness wait comes from the last deploy's cold start (x (1 + the margin in force), floor
-    vllm_ready_timeout_min in force), not the whole 900 s budget, so a broken upgrade is rolled back in minutes."""
-    testbed = yaml.safe_load((TESTBED_VARS / "main.yml").read_text())
-    deploys = [float(r["seconds_to_health"]) for r in history_of_starts(before) if r["trigger"] == "deploy"]
-    expected = min(testbed["vllm_ready_timeout"],
-                   max(BROKEN_UPGRADE_FLOOR, math.ceil(deploys[-1] * (1 + BROKEN_UPGRADE_MARGIN))))
-    reason = broken_upgrade["history"][-1]["reason"]
-    waited = int(re.search(r"not ready (\d+) s", reason).group(1))
-    assert waited == expected < testbed["vllm_ready_timeout"], (reason, deploys)
-
-
-def test_broken_upgrade_left_the_box_as_it_was(before, broken_upgrade, engine_as_converged):
-    """The rollback re-plans for the recorded pins: the image before the upgrade, the argv site.yml deployed."""
-    assert broken_upgrade["pins"] == before["pins"]
-    now, then = broken_upgrade["engine"], before["engine"]
-    assert now["Config"]["Image"] == then["Config"]["Image"]
-    assert now["Config"]["Cmd"] == engine_as_converged["cmd"]
-    assert now["State"]["Running"] and now["State"]["Health"]["Status"] in ("healthy", "starting")
-
-
-def test_broken_upgrade_serves_again_through_the_gateway(broken_upgrade, keys):
-    assert stream_through_gateway(keys["alice"])
-
-
-def test_broken_upgrade_recorded_as_rolled_back(before, broken_upgrade):
-    new = broken_upgrade["history"][len(before["history"]):]
-    assert [r["outcome"] for r in new] == ["rolled_back"]
-    record = new[0]
-    assert record["to"] == {"vllm_image_digest": generated()["testbed_vllm_image_broken_digest"]}
-    assert record["from"] == {"vllm_image_digest": before["pins"]["vllm_image_digest"]}
-    assert "health" in record["failed_task"] and "not ready" in record["reason"]
-
-
-def test_users_were_told_maintenance_then_served(before, broken_upgrade):
-    """503 maintenance with Retry-After = the box's last deploy cold start (rounded up), /health 503 while
-    draining, then served again."""
-    deploys = [float(r["seconds_to_health"]) for r in history_of_starts(before) if r["trigger"] == "deploy"]
-    seen = broken_upgrade["seen"]
-    maintenance = [s for s in seen if s[0] == 503 and s[1] == "maintenance"]
-    assert maintenance, seen
-    assert {int(s[2]) for s in maintenance} == {math.ceil(deploys[-1])}, (maintenance[:3], deploys)
-    assert seen[-1][0] == 200, seen[-10:]
-    health = broken_upgrade["health"]
-    assert (503, str(math.ceil(deploys[-1]))) in health and health[-1][0] == 200, health[-10:]
-
-
-def test_slow_engine_is_rolled_back_by_the_capacity_gate(before, broken_upgrade, slow_upgrade, engine_as_converged):
-    """The slow engine passes the smoke prompts, the request through the gateway and the eval set (same
-    weights, same answers); the gate's lower step (6 concurrent, 75 % of the sweep's knee of 8) misses the
-    sweep's TTFT target, so the upgrade rolls back to the engine before."""
-    result = slow_upgrade["result"]
-    assert result.returncode != 0 and "rolled back" in result.stdout, result.stdout[-3000:]
-    record = slow_upgrade["history"][len(broken_upgrade["history"]):]
-    assert [r["outcome"] for r in record] == ["rolled_back"], record
-    assert record[0]["failed_task"] == "Fail when the knee fell by more than the margin", record[0]
-    assert "capacity gate: the knee fell below 6 concurrent requests (was 8" in record[0]["reason"], record[0]
-    gate = [s for s in slow_upgrade["sweeps"] if s["kind"] == "gate"][-1]
-    assert gate["passed"] is False and [s["concurrency"] for s in gate["steps"]] == [6]  # 8 not run after 6 missed
-    assert gate["steps"][0]["ttft_seconds"]["p95"] > gate["targets"]["ttft_seconds"]
-    assert gate["pins_before"] == before["pins"]
-    assert slow_upgrade["pins"] == before["pins"]
-    assert slow_upgrade["engine"]["Config"]["Image"] == before["engine"]["Config"]["Image"]
-    assert slow_upgrade["engine"]["Config"]["Cmd"] == engine_as_converged["cmd"]
-    print(f"slow upgrade rolled back in {slow_upgrade['seconds']:.0f} s; gate: {gate['summary']}")
+    assert release_refused["pins"] == before["pins"] and release_refused["history"] == before["history"]
 
 
 def test_site_deploys_the_previous_release(previous_release):
@@ -449,8 +387,8 @@ def test_healthy_upgrade_shows_what_it_changes_in_the_engine(healthy_upgrade):
     assert healthy_upgrade["recorded_after"]["argv"] == healthy_upgrade["engine"]["Config"]["Cmd"]
 
 
-def test_healthy_upgrade_recorded_with_both_releases(slow_upgrade, previous_release, healthy_upgrade, host):
-    new = healthy_upgrade["history"][len(slow_upgrade["history"]):]
+def test_healthy_upgrade_recorded_with_both_releases(previous_release, healthy_upgrade, host):
+    new = healthy_upgrade["history"][len(previous_release["history"]):]
     assert [r["outcome"] for r in new] == ["succeeded"]
     assert new[0]["from"] == {"vllm_version": "0.31.0", "vllm_image_digest": previous_release["digest"]}, new[0]
     assert new[0]["to"] == {"vllm_version": "0.32.0", "vllm_image_digest": healthy_upgrade["digest"]}, new[0]
@@ -487,7 +425,90 @@ def test_eval_answers_are_kept_per_engine_version(previous_release, healthy_upgr
         assert len([a for a in document["answers"] if a["tool_calls"]]) == 2, document["answers"]
 
 
-def test_second_run_has_nothing_to_upgrade(healthy_upgrade):
+def test_broken_upgrade_fails_and_says_it_rolled_back(broken_upgrade):
+    result = broken_upgrade["result"]
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "rolled back" in result.stdout, result.stdout[-3000:]
+    assert "Wait for the engine to load the model and answer /health" in result.stdout
+    # A new image alone changes none of the gateway's inputs: the caddy role ran neither way.
+    assert "The gateway keeps its config: the new pins change none of its inputs" in " ".join(result.stdout.split())
+    assert "TASK [caddy : Render the Caddyfile]" not in result.stdout
+
+
+def test_broken_engine_given_up_after_the_derived_wait_not_the_budget(broken_upgrade):
+    """The readiness wait comes from the last deploy's cold start (the healthy upgrade's; x (1 + the margin in
+    force), floor vllm_ready_timeout_min in force), not the whole 900 s budget, so a broken upgrade is rolled
+    back in minutes."""
+    testbed = yaml.safe_load((TESTBED_VARS / "main.yml").read_text())
+    deploys = [float(r["seconds_to_health"]) for r in history_of_starts(broken_upgrade["prior"])
+               if r["trigger"] == "deploy"]
+    expected = min(testbed["vllm_ready_timeout"],
+                   max(BROKEN_UPGRADE_FLOOR, math.ceil(deploys[-1] * (1 + BROKEN_UPGRADE_MARGIN))))
+    reason = broken_upgrade["history"][-1]["reason"]
+    waited = int(re.search(r"not ready (\d+) s", reason).group(1))
+    assert waited == expected < testbed["vllm_ready_timeout"], (reason, deploys)
+
+
+def test_broken_upgrade_left_the_box_as_it_was(before, broken_upgrade, engine_as_converged):
+    """The rollback re-plans for the recorded pins: the image before the upgrade, the argv site.yml deployed
+    (the healthy upgrade before it put the lock file's pins back, so the box's record is converge's again)."""
+    prior = broken_upgrade["prior"]
+    assert broken_upgrade["pins"] == prior["pins"] == before["pins"]
+    now, then = broken_upgrade["engine"], prior["engine"]
+    assert now["Config"]["Image"] == then["Config"]["Image"] == before["engine"]["Config"]["Image"]
+    assert now["Config"]["Cmd"] == then["Config"]["Cmd"] == engine_as_converged["cmd"]
+    assert now["State"]["Running"] and now["State"]["Health"]["Status"] in ("healthy", "starting")
+
+
+def test_broken_upgrade_serves_again_through_the_gateway(broken_upgrade, keys):
+    assert stream_through_gateway(keys["alice"])
+
+
+def test_broken_upgrade_recorded_as_rolled_back(before, broken_upgrade):
+    new = broken_upgrade["history"][len(broken_upgrade["prior"]["history"]):]
+    assert [r["outcome"] for r in new] == ["rolled_back"]
+    record = new[0]
+    assert record["to"] == {"vllm_image_digest": generated()["testbed_vllm_image_broken_digest"]}
+    assert record["from"] == {"vllm_image_digest": before["pins"]["vllm_image_digest"]}
+    assert "health" in record["failed_task"] and "not ready" in record["reason"]
+
+
+def test_users_were_told_maintenance_then_served(broken_upgrade):
+    """503 maintenance with Retry-After = the box's last deploy cold start (rounded up), /health 503 while
+    draining, then served again."""
+    deploys = [float(r["seconds_to_health"]) for r in history_of_starts(broken_upgrade["prior"])
+               if r["trigger"] == "deploy"]
+    seen = broken_upgrade["seen"]
+    maintenance = [s for s in seen if s[0] == 503 and s[1] == "maintenance"]
+    assert maintenance, seen
+    assert {int(s[2]) for s in maintenance} == {math.ceil(deploys[-1])}, (maintenance[:3], deploys)
+    assert seen[-1][0] == 200, seen[-10:]
+    health = broken_upgrade["health"]
+    assert (503, str(math.ceil(deploys[-1]))) in health and health[-1][0] == 200, health[-10:]
+
+
+def test_slow_engine_is_rolled_back_by_the_capacity_gate(before, broken_upgrade, slow_upgrade, engine_as_converged):
+    """The slow engine passes the smoke prompts, the request through the gateway and the eval set (same
+    weights, same answers); the gate's lower step (6 concurrent, 75 % of the sweep's knee of 8) misses the
+    sweep's TTFT target, so the upgrade rolls back to the engine before."""
+    result = slow_upgrade["result"]
+    assert result.returncode != 0 and "rolled back" in result.stdout, result.stdout[-3000:]
+    record = slow_upgrade["history"][len(broken_upgrade["history"]):]
+    assert [r["outcome"] for r in record] == ["rolled_back"], record
+    assert record[0]["failed_task"] == "Fail when the knee fell by more than the margin", record[0]
+    assert "capacity gate: the knee fell below 6 concurrent requests (was 8" in record[0]["reason"], record[0]
+    gate = [s for s in slow_upgrade["sweeps"] if s["kind"] == "gate"][-1]
+    assert gate["passed"] is False and [s["concurrency"] for s in gate["steps"]] == [6]  # 8 not run after 6 missed
+    assert gate["steps"][0]["ttft_seconds"]["p95"] > gate["targets"]["ttft_seconds"]
+    # The sweep's pins are the box's again (the healthy upgrade put them back), so the gate is armed.
+    assert gate["pins_before"] == slow_upgrade["prior"]["pins"] == before["pins"]
+    assert slow_upgrade["pins"] == before["pins"]
+    assert slow_upgrade["engine"]["Config"]["Image"] == before["engine"]["Config"]["Image"]
+    assert slow_upgrade["engine"]["Config"]["Cmd"] == engine_as_converged["cmd"]
+    print(f"slow upgrade rolled back in {slow_upgrade['seconds']:.0f} s; gate: {gate['summary']}")
+
+
+def test_second_run_has_nothing_to_upgrade(slow_upgrade):
     result = run_upgrade()
     assert result.returncode == 0, result.stdout[-3000:]
     assert "nothing to upgrade" in result.stdout
