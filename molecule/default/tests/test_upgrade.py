@@ -134,8 +134,8 @@ def history_of_starts(state: dict) -> list:
 def box_now(host) -> dict:
     """What an upgrade starts from: the running engine, the box's record (its pins and engine plan), the
     upgrade history and the cold starts measured so far."""
-    return {"engine": engine(host), "pins": deployed_pins(host), "history": history(host),
-            "recorded_engine": deployed(host)["engine"],
+    record = deployed(host)
+    return {"engine": engine(host), "pins": record["pins"], "history": history(host), "recorded_engine": record["engine"],
             "cold_starts": host.file("/var/lib/teamserve/cold-start.jsonl").content_string}
 
 
@@ -277,7 +277,6 @@ def slow_upgrade(host, broken_upgrade, before) -> dict:
     The eval set is asked too."""
     digest = generated()["testbed_vllm_image_slow_digest"]
     assert digest.startswith("sha256:")
-    prior = box_now(host)
     set_pin(digest, teamserve_upgrade_eval_file=str(EVAL_FILE))
     started = time.monotonic()
     try:
@@ -285,7 +284,7 @@ def slow_upgrade(host, broken_upgrade, before) -> dict:
     finally:
         set_pin(before["pins"]["vllm_image_digest"])
     return {"result": result, "seconds": time.monotonic() - started, "engine": engine(host),
-            "pins": deployed_pins(host), "history": history(host), "sweeps": sweeps(host), "prior": prior}
+            "pins": deployed_pins(host), "history": history(host), "sweeps": sweeps(host)}
 
 
 def test_site_recorded_the_pins_it_deployed(before):
@@ -501,7 +500,7 @@ def test_slow_engine_is_rolled_back_by_the_capacity_gate(before, broken_upgrade,
     assert gate["passed"] is False and [s["concurrency"] for s in gate["steps"]] == [6]  # 8 not run after 6 missed
     assert gate["steps"][0]["ttft_seconds"]["p95"] > gate["targets"]["ttft_seconds"]
     # The sweep's pins are the box's again (the healthy upgrade put them back), so the gate is armed.
-    assert gate["pins_before"] == slow_upgrade["prior"]["pins"] == before["pins"]
+    assert gate["pins_before"] == broken_upgrade["pins"] == before["pins"]
     assert slow_upgrade["pins"] == before["pins"]
     assert slow_upgrade["engine"]["Config"]["Image"] == before["engine"]["Config"]["Image"]
     assert slow_upgrade["engine"]["Config"]["Cmd"] == engine_as_converged["cmd"]
