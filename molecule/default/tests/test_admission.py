@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import queue
 import re
 import statistics
 import subprocess
@@ -23,7 +24,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import testinfra
-from conftest import CACHE, REPO, ansible_playbook, engine_identity, engine_metrics, users_play, vault_view
+from conftest import CACHE, REPO, ansible_playbook, engine_identity, users_play, vault_view
 
 from teamserve_capacity.planner import user_inflight_share
 
@@ -264,22 +265,40 @@ def test_admission_charges_each_request_its_engine_sequences(host, testbed_vars,
 
 
 # Run inside the box (python3 on stdin, so the engine's key never leaves the box nor enters argv): a
-# batch's worth of completions straight to the engine, all at once, each exactly BLOCKER_TOKENS long.
+# batch's worth of streamed completions straight to the engine, all at once, each exactly BLOCKER_TOKENS
+# long. Once every one has its first token (the batch is full), it pauses the engine core itself and
+# prints "held": on a fast, idle machine the whole batch ends in seconds, sooner than a poll from outside
+# can see it full. At the end it prints the completion tokens each got.
 BLOCKER = """
-import json, re, threading, urllib.request
+import json, re, subprocess, threading, urllib.request
 caddyfile = open("/etc/caddy/Caddyfile").read()
 key = re.search(r'header_up Authorization "Bearer ([^"]+)"', caddyfile).group(1)
 upstream = re.search(r"reverse_proxy @proxied (\\S+) [{]", caddyfile).group(1)
-body = json.dumps({"model": "tiny", "prompt": "Count.", "max_tokens": %d, "ignore_eos": True}).encode()
-done = []
+body = json.dumps({"model": "tiny", "prompt": "Count.", "max_tokens": %d, "ignore_eos": True, "stream": True,
+                   "stream_options": {"include_usage": True}}).encode()
+seqs, started, done, lock = %d, [], [], threading.Lock()
 def one():
     request = urllib.request.Request("http://" + upstream + "/v1/completions", data=body, headers={
         "Authorization": "Bearer " + key, "Content-Type": "application/json"})
-    done.append(json.load(urllib.request.urlopen(request, timeout=300))["usage"]["completion_tokens"])
-threads = [threading.Thread(target=one) for _ in range(%d)]
+    first = True
+    with urllib.request.urlopen(request, timeout=300) as response:
+        for line in response:
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if first:
+                first = False
+                with lock:
+                    started.append(1)
+                    if len(started) == seqs:
+                        subprocess.run(["pkill", "-STOP", "-f", "^VLLM::EngineCore"], check=True)
+                        print("held", flush=True)
+            if chunk.get("usage"):
+                done.append(chunk["usage"]["completion_tokens"])
+threads = [threading.Thread(target=one) for _ in range(seqs)]
 [t.start() for t in threads]
 [t.join() for t in threads]
-print(sorted(done))
+print(sorted(done), flush=True)
 """
 BLOCKER_TOKENS = 1500
 
@@ -324,12 +343,15 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
         with lock:
             ends[name] = at
 
-    blocker_out: list[str] = []
+    blocker_out: queue.Queue[str] = queue.Queue()
+    blocking = subprocess.Popen(["docker", "exec", "-i", "teamserve-box", "python3", "-"], text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def blockers() -> None:
-        run = subprocess.run(["docker", "exec", "-i", "teamserve-box", "python3", "-"], text=True, timeout=300,
-                             input=BLOCKER % (BLOCKER_TOKENS, seqs), capture_output=True, check=False)
-        blocker_out.append(run.stdout.strip() or run.stderr[-500:])
+        assert blocking.stdout is not None
+        for line in blocking.stdout:
+            blocker_out.put(line.strip())
+        blocker_out.put("(ended)")
 
     forged = {"extra": {"priority": -100}, "headers": {"X-Vllm-Priority": "-100"}}
     clients = [threading.Thread(target=stream, args=(f"alice{i}", keys["alice"], 1400), daemon=True)
@@ -339,18 +361,23 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
                 threading.Thread(target=stream, args=("dana", dana, 20), daemon=True)]
     short = ("bob1", "bob2", "dana")
     stop, cont = "pkill -STOP -f '^VLLM::EngineCore'", "pkill -CONT -f '^VLLM::EngineCore'"  # the anchor keeps
-    blocking = threading.Thread(target=blockers, daemon=True)                             # pkill off its shell
-    blocking.start()
-    # Pause only once the blockers hold the whole batch: a fixed wait lost the race on a slow day, and
-    # alice's first stream then ran beside the blockers instead of queueing behind them.
-    deadline = time.monotonic() + 60
-    while engine_metrics(BOX_EXEC).get("vllm:num_requests_running", 0) < seqs:
-        assert time.monotonic() < deadline and blocking.is_alive(), ("the blockers never held the batch", blocker_out)
-        time.sleep(0.2)
-    sent_epoch = time.time()
-    BOX_EXEC.check_output(stop)
+    reader = threading.Thread(target=blockers, daemon=True)                               # pkill off its shell
+    reader.start()
     ended_first: set[str] = set()
     try:
+        assert blocking.stdin is not None
+        blocking.stdin.write(BLOCKER % (BLOCKER_TOKENS, seqs))
+        blocking.stdin.close()
+        # The engine is paused only once the blockers hold the whole batch: a fixed wait lost the race on a
+        # slow day (alice's first stream ran beside them), a poll of the engine's metrics on a fast one.
+        try:
+            held = blocker_out.get(timeout=60)
+        except queue.Empty:
+            held = "(nothing in 60 s)"
+        if held != "held":
+            blocking.kill()
+            pytest.fail(f"the blockers never held the batch: {held} {(blocking.stderr.read() if blocking.stderr else '')[-500:]}")
+        sent_epoch = time.time()
         for thread in clients:  # in this order, so the gateway admits them in this order
             thread.start()
             time.sleep(0.25)
@@ -371,8 +398,9 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
         BOX_EXEC.check_output(cont)
     for thread in clients:
         thread.join(timeout=300)
-    blocking.join(timeout=300)
-    assert blocker_out == [str([BLOCKER_TOKENS] * seqs)], blocker_out
+    blocking.wait(timeout=300)
+    reader.join(timeout=10)
+    assert blocker_out.get(timeout=10) == str([BLOCKER_TOKENS] * seqs), blocking.stderr.read()[-500:] if blocking.stderr else ""
     assert all(isinstance(at, float) for at in ends.values()) and len(ends) == len(clients), ends
     # What the gateway wrote (its access log): the user's sequences in flight with the request, and the
     # priority: 0 within the fair share (1 sequence here), one more per sequence past it; bob's forged
