@@ -34,12 +34,15 @@ def test_every_step_served_every_request_and_was_sampled(document):
     assert 2 * document["plan"]["concurrent_sequences"] in concurrencies  # on to twice the plan
     for step in steps:
         assert step["failed"] == 0 and step["completed"] == step["prompts"] > 0, step
-        for metric in ("ttft_seconds", "tpot_seconds"):
-            p = step[metric]
-            assert 0 < p["p50"] <= p["p95"] <= p["p99"], (step["concurrency"], metric, p)
+        ttft, tpot = step["ttft_seconds"], step["tpot_seconds"]
+        assert 0 < ttft["p50"] <= ttft["p95"] <= ttft["p99"], (step["concurrency"], ttft)
+        # A stream whose tokens reach the client in one burst (the engine stalled, then caught up) has a
+        # TPOT of 0: seen on a fast machine, at p50 of a step whose TTFT was 30 times its neighbours'.
+        assert 0 <= tpot["p50"] <= tpot["p95"] <= tpot["p99"], (step["concurrency"], tpot)
         assert step["samples"] > 0 and 0 < step["kv_cache_usage_peak"] < 1
         assert step["running_peak"] <= document["plan"]["max_num_seqs"]
         assert step["output_throughput"] > 0 and step["request_goodput"] is not None
+    assert any(step["tpot_seconds"]["p50"] > 0 for step in steps), steps  # the token gaps were measured
     # Above --max-num-seqs the engine queues: the deepest step saw requests waiting.
     deepest = steps[-1]
     if deepest["concurrency"] > document["plan"]["max_num_seqs"]:
