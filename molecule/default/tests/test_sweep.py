@@ -39,10 +39,13 @@ def test_every_step_served_every_request_and_was_sampled(document):
         # A stream whose tokens reach the client in one burst (the engine stalled, then caught up) has a
         # TPOT of 0: seen on a fast machine, at p50 of a step whose TTFT was 30 times its neighbours'.
         assert 0 <= tpot["p50"] <= tpot["p95"] <= tpot["p99"], (step["concurrency"], tpot)
-        assert step["samples"] > 0 and 0 < step["kv_cache_usage_peak"] < 1
+        # The engine's KV usage is sampled while the step runs; a step of a few hundred milliseconds (a fast
+        # machine) can fall between two samples.
+        assert step["samples"] > 0 and 0 <= step["kv_cache_usage_peak"] < 1
         assert step["running_peak"] <= document["plan"]["max_num_seqs"]
         assert step["output_throughput"] > 0 and step["request_goodput"] is not None
     assert any(step["tpot_seconds"]["p50"] > 0 for step in steps), steps  # the token gaps were measured
+    assert any(step["kv_cache_usage_peak"] > 0 for step in steps), steps  # and the KV cache's use
     # Above --max-num-seqs the engine queues: the deepest step saw requests waiting.
     deepest = steps[-1]
     if deepest["concurrency"] > document["plan"]["max_num_seqs"]:
