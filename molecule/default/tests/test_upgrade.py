@@ -32,6 +32,8 @@ import pytest
 import yaml
 from conftest import GATEWAY, GATEWAY_CA, GatewayWatcher, ansible_playbook
 
+from teamserve_capacity import sweep
+
 testinfra_hosts = ["ansible://teamserve-box"]
 
 PROJECT = pathlib.Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
@@ -499,7 +501,7 @@ def test_slow_engine_is_rolled_back_by_the_capacity_gate(before, broken_upgrade,
     gate = [s for s in slow_upgrade["sweeps"] if s["kind"] == "gate"][-1]
     baseline = next(s for s in slow_upgrade["sweeps"] if s["kind"] == "sweep" and s["at"] == gate["baseline_at"])
     knee = int(baseline["knee"]["p95"]["concurrency"])
-    lowest = max(1, math.ceil(knee * (1 - float(gate["margin"]))))
+    lowest = sweep.gate_steps(knee, float(gate["margin"]))[0]  # the gate's own rule for its lower step
     assert knee >= 2, f"the sweep's knee {knee}: the gate cannot tell an engine that serves one at a time"
     assert f"capacity gate: the knee fell below {lowest} concurrent requests (was {knee}" in record[0]["reason"], record[0]
     assert gate["passed"] is False and [s["concurrency"] for s in gate["steps"]] == [lowest]  # the knee not run after
