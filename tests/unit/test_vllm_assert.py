@@ -76,6 +76,8 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                                             "vllm_extra_args": ["--mamba-cache-mode", "all"]},
                                            r"vllm_extra_args\[1\]: 'all' is not one of \[.*\] for '--mamba-cache-mode' "
                                            r"in vLLM 0.32.0 \(vLLM 0.31.0, which the box runs, accepts it\)"),
+    "cpu_weight_below_dockers_range": ({"vllm_model": LOCAL_MODEL, "vllm_cpu_shares": 1},
+                                       "vllm_cpu_shares is 1; Docker takes a CPU weight from 2 to 262144"),
     "chat_template_file_missing": ({"vllm_model": LOCAL_MODEL, "vllm_chat_template": "/nonexistent/chat.jinja"},
                                    "vllm_chat_template is '/nonexistent/chat.jinja', and /nonexistent/chat.jinja "
                                    "is not a file on the controller"),

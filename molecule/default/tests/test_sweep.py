@@ -36,8 +36,9 @@ def test_every_step_served_every_request_and_was_sampled(document):
         assert step["failed"] == 0 and step["completed"] == step["prompts"] > 0, step
         ttft, tpot = step["ttft_seconds"], step["tpot_seconds"]
         assert 0 < ttft["p50"] <= ttft["p95"] <= ttft["p99"], (step["concurrency"], ttft)
-        # A stream whose tokens reach the client in one burst (the engine stalled, then caught up) has a
-        # TPOT of 0: seen on a fast machine, at p50 of a step whose TTFT was 30 times its neighbours'.
+        # A stream whose tokens reach the client in one burst (the client waited for the CPU while the engine
+        # went on) has a TPOT of 0: seen on a fast machine, at p50 of a step whose TTFT was 30 times its
+        # neighbours'; rare since the engine's lower CPU weight (vllm_cpu_shares).
         assert 0 <= tpot["p50"] <= tpot["p95"] <= tpot["p99"], (step["concurrency"], tpot)
         # The engine's KV usage is sampled while the step runs; a step of a few hundred milliseconds (a fast
         # machine) can fall between two samples.
@@ -46,10 +47,12 @@ def test_every_step_served_every_request_and_was_sampled(document):
         assert step["output_throughput"] > 0 and step["request_goodput"] is not None
     assert any(step["tpot_seconds"]["p50"] > 0 for step in steps), steps  # the token gaps were measured
     assert any(step["kv_cache_usage_peak"] > 0 for step in steps), steps  # and the KV cache's use
-    # Above --max-num-seqs the engine queues: the deepest step saw requests waiting.
+    # Above --max-num-seqs the engine queues: the deepest step saw requests waiting, in the sampled gauge or
+    # in the engine's queue-time histogram (every finished request is counted there; a step of a second or
+    # two on a fast machine can show the gauge at 0 in all of its samples).
     deepest = steps[-1]
     if deepest["concurrency"] > document["plan"]["max_num_seqs"]:
-        assert deepest["queue_peak"] >= 1
+        assert deepest["queue_peak"] >= 1 or deepest["queued"] >= 1, deepest
 
 
 def test_the_knee_is_the_one_the_steps_give(document):

@@ -89,6 +89,7 @@ def test_engine_labels_mounts_and_shm(host, testbed_vars):
                       "/run/teamserve/engine-config.yaml": f"{DATA_DIR}/secrets/engine-config.yaml"}
     assert not next(m for m in c["Mounts"] if m["Destination"] == "/run/teamserve/engine-config.yaml")["RW"]
     assert c["HostConfig"]["ShmSize"] == 1024 ** 3  # vllm_shm_size: 1g, not Docker's 64 MiB
+    assert c["HostConfig"]["CpuShares"] == 256  # vllm_cpu_shares: the box's other services first, not Docker's 1024
     assert c["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": {"max-file": "5", "max-size": "50m"}}
 
 
