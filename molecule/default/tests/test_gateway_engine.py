@@ -140,14 +140,24 @@ def test_access_log_names_users_and_holds_no_key(host, testbed_vars, keys, vault
     client.models.list()
     # A streamed answer read to its end through the official SDK, which hangs up right after [DONE]: such
     # entries were once logged with duration 0 and no user.
+    started = time.time()
     stream = client.chat.completions.create(model="tiny", stream=True, max_tokens=32,
                                             messages=[{"role": "user", "content": "Count."}])
     assert sum(1 for _ in stream) > 1
     log = host.file("/var/log/caddy/access.log")
-    entries = [json.loads(line) for line in log.content_string.splitlines() if line.strip()]
-    bob = [e for e in entries if e.get("user") == "bob"]
+    # The gateway writes the entry when its handler returns, which can be just after the client read [DONE],
+    # and an earlier test's stream that its client cut short is bob's last entry until then: wait for this
+    # stream's entry (ts: Caddy's Unix time of writing it, on the clock this host shares), at most 10 s.
+    deadline = time.monotonic() + 10
+    while True:
+        entries = [json.loads(line) for line in log.content_string.splitlines() if line.strip()]
+        bob = [e for e in entries if e.get("user") == "bob"]
+        streamed = [e for e in bob if e["request"]["uri"] == "/v1/chat/completions" and e["status"] == 200
+                    and e["ts"] >= started]
+        if streamed or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert bob and {"status", "size", "duration"} <= bob[-1].keys()
-    streamed = [e for e in bob if e["request"]["uri"] == "/v1/chat/completions" and e["status"] == 200]
     assert streamed and streamed[-1]["duration"] > 0 and streamed[-1]["size"] > 0, streamed[-1:]
     # Every entry names its user but the refusals of a key the gateway does not know, and the public /health
     # (no key by design; logged only while the box drains, when it answers 503).
