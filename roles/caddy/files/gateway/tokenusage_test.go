@@ -399,3 +399,26 @@ func TestTokenLedgerLastMinute(t *testing.T) {
 		t.Fatalf("the day's count: %d, want 30", used)
 	}
 }
+
+// abortingProxy stands for reverse_proxy whose write to the client failed.
+type abortingProxy struct{}
+
+func (abortingProxy) ServeHTTP(http.ResponseWriter, *http.Request) error { panic(http.ErrAbortHandler) }
+
+func TestTokenUsageReturnsWhenTheClientHasGone(t *testing.T) {
+	handler := &TokenUsage{MaxAnswer: 1 << 20}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	request := httptest.NewRequest(http.MethodGet, "/v1/models", nil).WithContext(gone)
+	if err := handler.ServeHTTP(httptest.NewRecorder(), request, abortingProxy{}); err != nil {
+		t.Fatalf("a request whose client has gone returned %v, want nil (the server then logs its duration)", err)
+	}
+	// The client still there (an upstream stream that broke): the abort goes on, so the client sees it.
+	defer func() {
+		if p := recover(); p != http.ErrAbortHandler {
+			t.Fatalf("recovered %v, want http.ErrAbortHandler", p)
+		}
+	}()
+	_ = handler.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/v1/models", nil), abortingProxy{})
+	t.Fatal("the abort of a request whose client is still connected was swallowed")
+}
