@@ -298,25 +298,18 @@ func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 		}
 	}
 	rec := &usageRecorder{ResponseWriter: w, strip: strip, maxAnswer: t.MaxAnswer}
-	// reverse_proxy aborts with http.ErrAbortHandler when a write to the client fails; when the client has
-	// gone (often right after [DONE]) there is nobody left to signal, and returning lets Caddy's server log
-	// the request with its duration (it sets the duration only when the handler returns; caddy v2.11.9
-	// modules/caddyhttp/server.go). Any other panic, or an abort while the client is there (a broken
-	// upstream stream), goes on.
-	defer func() {
-		if p := recover(); p != nil {
-			if p == http.ErrAbortHandler && r.Context().Err() != nil {
-				return
-			}
-			panic(p)
-		}
-	}()
-	// Deferred: a client that hangs up right after the last event makes reverse_proxy abort, and the
-	// access log is still written.
+	// Deferred: a client that hangs up right after the last event makes reverse_proxy abort (it panics with
+	// http.ErrAbortHandler when a write to the client fails), and the access log is still written. When the
+	// client has gone there is nobody left to signal, so the handler returns: Caddy's server sets the logged
+	// duration only when the handler returns (caddy v2.11.9 modules/caddyhttp/server.go). Any other panic,
+	// or an abort while the client is there (a broken upstream stream), goes on.
 	defer func() {
 		rec.log(r)
 		if t.ledger != nil && rec.found {
 			t.ledger.add(key, int64(rec.usage.prompt)+int64(rec.usage.completion))
+		}
+		if p := recover(); p != nil && (p != http.ErrAbortHandler || r.Context().Err() == nil) {
+			panic(p)
 		}
 	}()
 	err := next.ServeHTTP(rec, r)
