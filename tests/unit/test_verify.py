@@ -291,8 +291,10 @@ def test_long_prompt_judges_the_longest_pause():
 
 
 def test_long_prompt_reopens_streams_that_finish_before_the_prompt_arrives():
-    # A real local server streaming like vLLM: each other stream writes 5 chunks in 0.1 s, far less than
-    # the baseline, and the long prompt's prefill takes 0.3 s. Every stream must still be counted as going.
+    # A real local server streaming like vLLM with chunked prefill: each other stream writes 5 chunks in
+    # 0.1 s, far less than the baseline, and the long prompt's prefill takes 1 s while they go on. Every
+    # stream must still be counted as going. The prefill is long so that a loaded CI host's scheduling
+    # jitter (a 0.28 s gap was seen) stays well apart from a stall that spans it.
     import http.server
     import time
 
@@ -305,7 +307,7 @@ def test_long_prompt_reopens_streams_that_finish_before_the_prompt_arrives():
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             long = isinstance(body["prompt"], list)
-            time.sleep(0.3 if long else 0.0)
+            time.sleep(1.0 if long else 0.0)
             for _ in range(1 if long else 5):
                 self.wfile.write(b'data: {"choices":[{"index":0,"text":"x"}]}\n\n')
                 self.wfile.flush()
@@ -327,10 +329,10 @@ def test_long_prompt_reopens_streams_that_finish_before_the_prompt_arrives():
         server.shutdown()
         server.server_close()
     assert result["streams_alive_after"] == 3 and result["streams_reopened"] >= 3
-    assert result["long_prompt_ttft_seconds"] >= 0.3
-    # gaps never span a reopen: within a response they are 20 ms, so no gap near the 0.3 s prefill
-    assert result["during"]["count"] > 0 and result["during"]["max"] < 0.2
-    assert checks.check_long_prompt(result, 0.2)["status"] == "PASS"
+    assert result["long_prompt_ttft_seconds"] >= 1.0
+    # the others never stalled for the prefill: within a response the gaps are 20 ms, none near 1 s
+    assert result["during"]["count"] > 0 and result["during"]["max"] < 0.6
+    assert checks.check_long_prompt(result, 0.6)["status"] == "PASS"
 
 
 def test_long_prompt_inputs():
