@@ -10,7 +10,8 @@ wire format of the OpenAI API (the format vLLM's OpenAI-compatible server also s
   ``chat.completion.chunk`` events, one per token, ``FIXTURE_TOKEN_DELAY_S`` seconds apart (the test of
   unbuffered streaming measures these gaps on the client side), ending with ``data: [DONE]``; with
   ``"stream_options": {"include_usage": true}`` a last chunk with empty ``choices`` and ``usage`` before it,
-  as vLLM sends. Every answer's usage is 1 prompt token and ``max_tokens`` completion tokens.
+  as vLLM sends, and with ``"continuous_usage_stats": true`` as well each chunk's running ``usage`` (the
+  prompt and the completion tokens so far, vLLM's extension). Every answer's usage is 1 prompt token and ``max_tokens`` completion tokens.
   ``max_tokens`` sets the number of tokens (default 8, at most 10000). ``"model": "fixture-busy"`` gets
   the 503 vLLM answers when its queue is full (``--max-num-queued-reqs``), body copied from the real
   vLLM 0.32.0 CPU build's answer on the testbed (no Retry-After); so does a request with the header
@@ -176,15 +177,19 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         _bump("in_flight")
         try:
+            options = request.get("stream_options") or {}
+            running = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
             for i in range(tokens):
                 chunk = {
                     "id": "chatcmpl-fixture", "object": "chat.completion.chunk", "created": created, "model": MODEL,
                     "choices": [{"index": 0, "delta": {"content": f"tok{i} "},
                                  "finish_reason": "length" if i == tokens - 1 else None}],
                 }
+                if running:  # vLLM: chunk.usage with the choice's tokens so far
+                    chunk["usage"] = {"prompt_tokens": 1, "completion_tokens": i + 1, "total_tokens": i + 2}
                 self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
                 time.sleep(TOKEN_DELAY_S)
-            if (request.get("stream_options") or {}).get("include_usage"):  # vLLM's usage-only last chunk
+            if options.get("include_usage"):  # vLLM's usage-only last chunk
                 chunk = {"id": "chatcmpl-fixture", "object": "chat.completion.chunk", "created": created, "model": MODEL,
                          "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": tokens,
                                                   "total_tokens": tokens + 1}}

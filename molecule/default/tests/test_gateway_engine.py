@@ -10,6 +10,7 @@ read from inside the box). Every request loop is bounded.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import threading
@@ -186,7 +187,8 @@ def test_tokens_counted_per_user_equal_the_engines_usage(host, testbed_vars, key
     """Chat, completions and two streams through the gateway: each access-log entry carries the engine's
     prompt and completion tokens, their sums equal what the engine's own counters rose by, and mtail's
     per-user counters rise by as much. A stream whose client did not ask for usage is asked for it by the
-    gateway, and the client never sees the usage chunk; one that asked gets it."""
+    gateway, and the client never sees the usage chunk; one that asked gets it. A stream cut short by its
+    client counts the tokens sent until then."""
     client = sdk(testbed_vars, keys["alice"], gateway_verify)
     engine_before, counted_before = engine_metrics(host), mtail_tokens(host, "alice")
     seen = []  # the usage the client was shown, where it asked for it
@@ -225,6 +227,29 @@ def test_tokens_counted_per_user_equal_the_engines_usage(host, testbed_vars, key
         time.sleep(1)
     assert engine_rise() == want, (engine_rise(), logged)
     assert counted_rise() == want, (counted_rise(), logged)
+
+    # A stream its client cuts short never gets to its usage chunk: it is counted from the running usage
+    # (continuous_usage_stats) the gateway asks the engine for and takes out of every chunk.
+    cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
+    whole = min(LONG, json.loads(cmd[cmd.index("--override-generation-config") + 1])["max_new_tokens"])
+    started = time.time()
+    cut = client.chat.completions.create(model="tiny", stream=True, max_tokens=LONG, extra_body={"ignore_eos": True},
+                                         messages=[{"role": "user", "content": "Count."}])
+    read = list(itertools.islice(cut, 4))
+    cut.close()
+    assert len(read) == 4 and all(c.usage is None for c in read), read
+    deadline = time.monotonic() + 10  # its entry is written once the gateway sees the hang-up
+    while True:
+        entries = [json.loads(line) for line in host.file("/var/log/caddy/access.log").content_string.splitlines()
+                   if line.strip()]
+        mine = [e for e in entries if e.get("user") == "alice" and e["ts"] >= started and e["status"] == 200]
+        if mine or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert mine, "no access-log entry for the cut stream"
+    # the same prompt as the stream above; the role chunk and 3 content chunks were sent, the whole answer was not
+    assert mine[-1].get("prompt_tokens") == logged[2][0] and 3 <= mine[-1].get("completion_tokens", 0) < whole, \
+        (mine[-1], whole)
 
 
 def test_dockerd_restart_keeps_streams_in_flight(host, testbed_vars, keys, gateway_verify):

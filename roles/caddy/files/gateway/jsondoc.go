@@ -96,10 +96,11 @@ func withoutPythonConstants(doc []byte) ([]byte, bool) {
 	return out, out != nil
 }
 
-// member is one top-level member of an object: its name as written (quotes and escapes included) and
-// its value's bytes doc[start:end].
+// member is one top-level member of an object: its name as written (quotes and escapes included),
+// which starts at doc[nameStart], and its value's bytes doc[start:end].
 type member struct {
 	name       []byte
+	nameStart  int
 	start, end int
 }
 
@@ -112,11 +113,11 @@ func members(doc []byte, fn func(member)) {
 		if i >= len(doc) || doc[i] != '"' {
 			return // the '}' of an empty object
 		}
-		nameEnd := stringEnd(doc, i)
+		nameStart, nameEnd := i, stringEnd(doc, i)
 		name := doc[i:nameEnd]
 		i = skipSpace(doc, skipSpace(doc, nameEnd)+1) // past ':'
 		end := valueEnd(doc, i)
-		fn(member{name: name, start: i, end: end})
+		fn(member{name: name, nameStart: nameStart, start: i, end: end})
 		i = skipSpace(doc, end)
 		if i >= len(doc) || doc[i] != ',' {
 			return // '}'
@@ -215,4 +216,21 @@ func withMember(doc []byte, name string, value []byte) []byte {
 		last = m.end
 	}
 	return append(out, doc[last:]...)
+}
+
+// withoutMember returns the object doc (docObject) without its top-level members named name. The other
+// members keep their bytes and order; the spacing between members is not kept (they are joined by ",").
+func withoutMember(doc []byte, name string) []byte {
+	out := make([]byte, 1, len(doc))
+	out[0] = '{'
+	members(doc, func(m member) {
+		if isName(m.name, name) {
+			return
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, doc[m.nameStart:m.end]...)
+	})
+	return append(out, '}')
 }

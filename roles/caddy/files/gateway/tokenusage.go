@@ -33,14 +33,20 @@
 //
 //   - a JSON answer (chat, completions, embeddings, responses): its top-level "usage"
 //     {"prompt_tokens", "completion_tokens"} or, for /v1/responses, {"input_tokens", "output_tokens"};
-//   - a server-sent-events stream: the "usage" of the last chunk that has one (with stream_options
-//     include_usage the engine sends it in a last chunk whose "choices" is empty), or, for
-//     /v1/responses, the "response"."usage" of its response.completed event.
+//   - a server-sent-events stream: the "usage" of its usage-only chunk (with stream_options
+//     include_usage the engine sends it last, with empty "choices"), or, for /v1/responses, the
+//     "response"."usage" of its response.completed event;
+//   - a stream cut before that chunk (the client hung up, the engine failed): the running counts vLLM
+//     puts in every chunk with stream_options continuous_usage_stats, each chunk's "usage" being its
+//     choice's tokens so far: the prompt tokens (the largest seen) and the sum over the choices of
+//     their last completion_tokens. Exact for one prompt and n = 1; with several prompts in one
+//     completions request, a cut stream counts the longest prompt only.
 //
 // A stream counts only if the engine is asked for its usage, so a JSON object body with "stream": true
-// and without "stream_options": {"include_usage": true} gets include_usage added (other stream_options
-// members kept; every other byte of the body as the client sent it) and the usage-only chunk the client
-// did not ask for is taken out of the stream before it reaches the client. A client that asked keeps it.
+// gets "stream_options" {"include_usage": true, "continuous_usage_stats": true} (other stream_options
+// members kept; every other byte of the body as the client sent it), and what the client did not ask
+// for is taken out of the stream before it reaches the client: the usage-only chunk, and the "usage"
+// member of every other chunk. A client that asked keeps them.
 //
 // Only answers with a 2xx status are read; an answer without usage (an error, a cut stream, a body over
 // max_answer) adds no field. A JSON body in UTF-16/32 is forwarded unchanged (request_priority refuses
@@ -281,19 +287,19 @@ func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 			return refuseTokensPerMinute(w, lastMinute, perMinute, free, now)
 		}
 	}
-	strip := false
+	var strip usageStrip
 	if hasJSONBody(r) {
 		body, err := bufferedBody(r, t.MaxSize)
 		if err != nil {
 			return bodyReadError("token_usage", t.MaxSize, err, t.logger)
 		}
 		if doc, prefix, kind := engineJSON(body); kind == docObject {
-			if rewritten, added := withStreamUsage(doc); added {
+			if rewritten, added := withStreamUsage(doc); added != (usageStrip{}) {
 				if prefix > 0 { // keep the byte order mark, which the engine skips
 					rewritten = append(body[:prefix:prefix], rewritten...)
 				}
 				replaceBody(r, rewritten)
-				strip = true
+				strip = added
 			}
 		}
 	}
@@ -305,8 +311,8 @@ func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 	// or an abort while the client is there (a broken upstream stream), goes on.
 	defer func() {
 		rec.log(r)
-		if t.ledger != nil && rec.found {
-			t.ledger.add(key, int64(rec.usage.prompt)+int64(rec.usage.completion))
+		if usage, found := rec.counts(); t.ledger != nil && found {
+			t.ledger.add(key, int64(usage.prompt)+int64(usage.completion))
 		}
 		if p := recover(); p != nil && (p != http.ErrAbortHandler || r.Context().Err() == nil) {
 			panic(p)
@@ -350,41 +356,58 @@ func lastMember(doc []byte, name string) []byte {
 	return value
 }
 
-// withStreamUsage returns doc with "stream_options"."include_usage" set to true, and true, when doc
-// asks for a stream ("stream": true) without asking for its usage; otherwise doc and false. A
-// stream_options that is neither an object nor null is left for the engine to refuse.
-func withStreamUsage(doc []byte) ([]byte, bool) {
+// usageStrip says which of a stream's usage the gateway asked for and the client did not, so that it
+// is taken out of the answer again.
+type usageStrip struct {
+	final   bool // the usage-only last chunk (stream_options include_usage)
+	running bool // the "usage" of every other chunk (stream_options continuous_usage_stats)
+}
+
+// withStreamUsage returns doc with "stream_options" asking for both usage forms
+// ({"include_usage": true, "continuous_usage_stats": true}) when doc asks for a stream ("stream": true),
+// and which of them the client had not asked for; doc unchanged and usageStrip{} when there is nothing
+// to add. vLLM sends the running counts only when include_usage is true too, so a client that asked for
+// continuous_usage_stats alone asked for neither. A stream_options that is neither an object nor null is
+// left for the engine to refuse.
+func withStreamUsage(doc []byte) ([]byte, usageStrip) {
 	if stream := lastMember(doc, "stream"); stream == nil || string(stream) != "true" {
-		return doc, false
+		return doc, usageStrip{}
 	}
 	options := lastMember(doc, "stream_options")
 	switch {
 	case options == nil || string(options) == "null":
-		options = []byte(`{"include_usage":true}`)
-	case options[0] == '{':
-		if string(lastMember(options, "include_usage")) == "true" {
-			return doc, false
-		}
-		options = withMember(options, "include_usage", []byte("true"))
-	default:
-		return doc, false
+		options = []byte(`{}`)
+	case options[0] != '{':
+		return doc, usageStrip{}
 	}
-	return withMember(doc, "stream_options", options), true
+	final := string(lastMember(options, "include_usage")) == "true"
+	running := final && string(lastMember(options, "continuous_usage_stats")) == "true"
+	if running {
+		return doc, usageStrip{}
+	}
+	if !final {
+		options = withMember(options, "include_usage", []byte("true"))
+	}
+	options = withMember(options, "continuous_usage_stats", []byte("true"))
+	return withMember(doc, "stream_options", options), usageStrip{final: !final, running: true}
 }
 
 // usageRecorder passes an answer through to the client and reads its usage on the way.
 type usageRecorder struct {
 	http.ResponseWriter
-	strip     bool  // take the usage-only chunk out of a stream (the client did not ask for it)
-	maxAnswer int64 // the most bytes of a JSON answer kept
+	strip     usageStrip // what the client did not ask for, taken out of a stream
+	maxAnswer int64      // the most bytes of a JSON answer kept
 
 	wroteHeader bool
 	mode        answerMode
 	pending     []byte       // a stream's incomplete event
 	answer      bytes.Buffer // a JSON answer, up to maxAnswer
 	overflow    bool
-	usage       tokenCounts
+	usage       tokenCounts // the answer's own total (a JSON answer, a stream's usage-only chunk)
 	found       bool
+	// a stream's running counts (continuous_usage_stats), for when it is cut before its total
+	runningPrompt int
+	running       map[int]int // choice index -> its completion tokens so far
 }
 
 type answerMode int
@@ -466,8 +489,8 @@ func lastEventEnd(b []byte) int {
 	}
 }
 
-// events reads the usage from each complete event in b and returns the bytes to send on: all of b,
-// or b without the usage-only chunk when stripping.
+// events reads the usage from each complete event in b and returns the bytes to send on: b without the
+// usage the client did not ask for.
 func (u *usageRecorder) events(b []byte) []byte {
 	var out []byte
 	rest := b
@@ -475,9 +498,7 @@ func (u *usageRecorder) events(b []byte) []byte {
 		end := firstEventEnd(rest)
 		event := rest[:end]
 		rest = rest[end:]
-		if u.event(event) {
-			out = append(out, event...)
-		}
+		out = append(out, u.event(event)...)
 	}
 	return out
 }
@@ -496,40 +517,72 @@ func firstEventEnd(b []byte) int {
 	}
 }
 
-// event reads one event's usage and reports whether it goes on to the client.
-func (u *usageRecorder) event(event []byte) bool {
+// event reads one event's usage and returns what goes on to the client: the event, the event without
+// its chunk's "usage" (running counts the client did not ask for), or nil (a usage-only chunk it did
+// not ask for).
+func (u *usageRecorder) event(event []byte) []byte {
 	var data []byte
+	lines := 0
 	for _, line := range bytes.Split(event, []byte("\n")) {
 		line = bytes.TrimSuffix(line, []byte("\r"))
 		if payload, ok := bytes.CutPrefix(line, []byte("data:")); ok {
 			data = append(data, bytes.TrimPrefix(payload, []byte(" "))...)
+			lines++
 		}
 	}
 	if len(data) == 0 || data[0] != '{' {
-		return true // [DONE], comments, keep-alives
+		return event // [DONE], comments, keep-alives
 	}
 	var chunk struct {
-		Choices  *[]json.RawMessage `json:"choices"`
-		Usage    *usageJSON         `json:"usage"`
-		Type     string             `json:"type"`
+		Choices *[]struct {
+			Index int `json:"index"`
+		} `json:"choices"`
+		Usage    *usageJSON `json:"usage"`
+		Type     string     `json:"type"`
 		Response *struct {
 			Usage *usageJSON `json:"usage"`
 		} `json:"response"`
 	}
 	if json.Unmarshal(data, &chunk) != nil {
-		return true
+		return event
 	}
-	usage := chunk.Usage
 	if chunk.Type == "response.completed" && chunk.Response != nil {
-		usage = chunk.Response.Usage
+		chunk.Usage = chunk.Response.Usage
 	}
-	if counts, ok := usage.counts(); ok {
-		u.usage, u.found = counts, true
-		if u.strip && chunk.Choices != nil && len(*chunk.Choices) == 0 {
-			return false
+	counts, ok := chunk.Usage.counts()
+	switch {
+	case !ok:
+		return event
+	case chunk.Choices != nil && len(*chunk.Choices) > 0: // a running count: this choice's tokens so far
+		if u.running == nil {
+			u.running = map[int]int{}
 		}
+		u.running[(*chunk.Choices)[0].Index] = counts.completion
+		u.runningPrompt = max(u.runningPrompt, counts.prompt)
+		if u.strip.running && lines == 1 { // vLLM writes each chunk on one data line
+			return bytes.Replace(event, data, withoutMember(data, "usage"), 1)
+		}
+		return event
+	default:
+		u.usage, u.found = counts, true
+		if u.strip.final && chunk.Choices != nil {
+			return nil
+		}
+		return event
 	}
-	return true
+}
+
+// counts returns the answer's tokens: its own total, or, for a stream cut before it, the sum of its
+// running counts; false when neither was seen.
+func (u *usageRecorder) counts() (tokenCounts, bool) {
+	if u.found || u.running == nil {
+		return u.usage, u.found
+	}
+	total := tokenCounts{prompt: u.runningPrompt}
+	for _, completion := range u.running {
+		total.completion += completion
+	}
+	return total, true
 }
 
 // finish sends an incomplete last event as it is and reads a JSON answer's usage.
@@ -556,12 +609,13 @@ func (u *usageRecorder) finish() error {
 
 // log puts the usage in the request's access-log entry.
 func (u *usageRecorder) log(r *http.Request) {
-	if !u.found {
+	usage, found := u.counts()
+	if !found {
 		return
 	}
 	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok && extra != nil {
-		extra.Set(zap.Int(PromptTokensLogField, u.usage.prompt))
-		extra.Set(zap.Int(CompletionTokensLogField, u.usage.completion))
+		extra.Set(zap.Int(PromptTokensLogField, usage.prompt))
+		extra.Set(zap.Int(CompletionTokensLogField, usage.completion))
 	}
 }
 

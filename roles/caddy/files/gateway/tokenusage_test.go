@@ -21,7 +21,9 @@ import (
 
 // usageEngine answers as vLLM's OpenAI server does: a JSON answer with "usage", or, for "stream": true,
 // server-sent events written a few bytes at a time (so events arrive split), with the usage-only chunk
-// (empty choices) only when stream_options.include_usage is true. It records the bodies it got.
+// (empty choices) only when stream_options.include_usage is true, and each other chunk's running
+// "usage" when continuous_usage_stats is true as well. It records the bodies it got. On /v1/cut it
+// sends the first chunk and then nothing until the client has gone (at most 10 s).
 type usageEngine struct {
 	*httptest.Server
 	bodies chan string
@@ -41,6 +43,7 @@ func newUsageEngine(t *testing.T) *usageEngine {
 			Stream        bool `json:"stream"`
 			StreamOptions struct {
 				IncludeUsage bool `json:"include_usage"`
+				Continuous   bool `json:"continuous_usage_stats"`
 			} `json:"stream_options"`
 		}
 		_ = json.Unmarshal(raw, &req)
@@ -61,8 +64,24 @@ func newUsageEngine(t *testing.T) *usageEngine {
 			_, _ = io.WriteString(w, `{"object":"response","usage":{"input_tokens":11,"output_tokens":5,"total_tokens":16}}`)
 		case req.Stream:
 			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-			events := `data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hel"}}]}` + "\n\n" +
-				`data: {"id":"c","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}` + "\n\n"
+			running := func(completion int) string { // vLLM's chunk.usage with continuous_usage_stats
+				if !req.StreamOptions.IncludeUsage || !req.StreamOptions.Continuous {
+					return ""
+				}
+				return fmt.Sprintf(`,"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}`,
+					doublePrompt, doublePrompt+completion, completion)
+			}
+			first := `data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hel"}}]` + running(1) + "}\n\n"
+			if r.URL.Path == "/v1/cut" {
+				writeSlowly(w, first)
+				select {
+				case <-r.Context().Done():
+				case <-time.After(10 * time.Second):
+				}
+				return
+			}
+			events := first +
+				`data: {"id":"c","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]` + running(doubleCompletion) + "}\n\n"
 			if req.StreamOptions.IncludeUsage {
 				events += `data: {"id":"c","choices":[],"usage":` + usage + "}\n\n"
 			}
@@ -119,22 +138,28 @@ func TestTokenUsageLogsTheEnginesCounts(t *testing.T) {
 	cases := []struct {
 		id, path, body  string
 		wantForwarded   string // "" = the client's body unchanged
-		wantUsageChunk  bool
+		wantUsages      int    // chunks with a "usage" at the client (the usage-only one last)
 		wantPrompt      float64
 		wantCompletion  float64
 		wantEventsCount int
 	}{
-		{"chat", "/v1/chat/completions", `{"model":"m","messages":[]}`, "", false, doublePrompt, doubleCompletion, 0},
-		{"completions", "/v1/completions", `{"model":"m","prompt":"x","stream":false}`, "", false, doublePrompt, doubleCompletion, 0},
+		{"chat", "/v1/chat/completions", `{"model":"m","messages":[]}`, "", 0, doublePrompt, doubleCompletion, 0},
+		{"completions", "/v1/completions", `{"model":"m","prompt":"x","stream":false}`, "", 0, doublePrompt, doubleCompletion, 0},
 		{"stream", "/v1/chat/completions", `{"model":"m", "stream": true, "messages":[]}`,
-			`{"stream_options":{"include_usage":true},"model":"m", "stream": true, "messages":[]}`, false, doublePrompt, doubleCompletion, 3},
+			`{"stream_options":{"continuous_usage_stats":true,"include_usage":true},"model":"m", "stream": true, "messages":[]}`, 0, doublePrompt, doubleCompletion, 3},
 		{"stream-options", "/v1/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":false},"prompt":"x"}`,
-			`{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false},"prompt":"x"}`, false, doublePrompt, doubleCompletion, 3},
+			`{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"prompt":"x"}`, 0, doublePrompt, doubleCompletion, 3},
+		{"stream-continuous-alone", "/v1/completions", `{"stream":true,"stream_options":{"continuous_usage_stats":true},"prompt":"x"}`,
+			`{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"prompt":"x"}`, 0, doublePrompt, doubleCompletion, 3},
 		{"stream-null-options", "/v1/completions", `{"stream":true,"stream_options":null}`,
-			`{"stream":true,"stream_options":{"include_usage":true}}`, false, doublePrompt, doubleCompletion, 3},
-		{"stream-asked", "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true}}`, "", true, doublePrompt, doubleCompletion, 4},
-		{"responses", "/v1/responses", `{"input":"x"}`, "", false, 11, 5, 0},
-		{"responses-stream", "/v1/responses", `{"input":"x","stream":true,"stream_options":{"include_usage":true}}`, "", false, 11, 5, 2},
+			`{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}`, 0, doublePrompt, doubleCompletion, 3},
+		{"stream-asked", "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true}}`,
+			`{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}`, 1, doublePrompt, doubleCompletion, 4},
+		{"stream-asked-both", "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`,
+			"", 3, doublePrompt, doubleCompletion, 4},
+		{"responses", "/v1/responses", `{"input":"x"}`, "", 0, 11, 5, 0},
+		{"responses-stream", "/v1/responses", `{"input":"x","stream":true,"stream_options":{"include_usage":true}}`,
+			`{"input":"x","stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}`, 1, 11, 5, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.id, func(t *testing.T) {
@@ -156,8 +181,11 @@ func TestTokenUsageLogsTheEnginesCounts(t *testing.T) {
 				if len(events) != c.wantEventsCount {
 					t.Fatalf("client got %d events, want %d: %q", len(events), c.wantEventsCount, got.body)
 				}
-				if has := strings.Contains(got.body, `"choices":[],"usage"`); has != c.wantUsageChunk {
-					t.Fatalf("usage-only chunk at the client: %v, want %v: %q", has, c.wantUsageChunk, got.body)
+				if n := strings.Count(got.body, `"usage"`); n != c.wantUsages {
+					t.Fatalf("%d chunks with a usage at the client, want %d: %q", n, c.wantUsages, got.body)
+				}
+				if has := strings.Contains(got.body, `"choices":[],"usage"`); strings.HasPrefix(c.path, "/v1/c") && has != (c.wantUsages > 0) {
+					t.Fatalf("usage-only chunk at the client: %v, want %v: %q", has, c.wantUsages > 0, got.body)
 				}
 				if strings.HasPrefix(c.path, "/v1/c") && !strings.HasSuffix(got.body, "data: [DONE]\n\n") {
 					t.Fatalf("stream does not end with [DONE]: %q", got.body)
@@ -168,6 +196,65 @@ func TestTokenUsageLogsTheEnginesCounts(t *testing.T) {
 				t.Fatalf("logged prompt %v completion %v, want %v and %v", prompt, completion, c.wantPrompt, c.wantCompletion)
 			}
 		})
+	}
+}
+
+// A stream cut before its usage-only chunk (the client hangs up after the first chunk) counts the running
+// usage the gateway asked the engine for: the prompt and the tokens sent until then, in the access log and
+// in the key's tokens today, so hanging up early does not get around a budget. The client never saw a
+// "usage" it did not ask for.
+func TestTokenUsageCountsAStreamCutShort(t *testing.T) {
+	engine := newUsageEngine(t)
+	go func() { // the double's bodies are not read here
+		for range engine.bodies {
+		}
+	}()
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "access.log")
+	client, _ := frontGateway(t, fmt.Sprintf(`http:// {
+	bind unix/{socket}
+	log {
+		output file %s
+		format json
+	}
+	route {
+		token_usage {
+			key {http.request.header.X-User}
+			ledger %s
+		}
+		reverse_proxy %s {
+			flush_interval -1
+		}
+	}
+}`, logPath, filepath.Join(dir, "tokens.json"), engine.Listener.Addr().String()))
+	req, _ := http.NewRequest(http.MethodPost, "http://gateway/v1/cut", strings.NewReader(`{"stream":true,"prompt":"x"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-User", "carol")
+	req.Header.Set("X-Request-Id", "cut")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 0, 256)
+	buf := make([]byte, 256)
+	for !strings.HasSuffix(string(first), "\n\n") {
+		n, err := resp.Body.Read(buf)
+		first = append(first, buf[:n]...)
+		if err != nil {
+			t.Fatalf("first chunk: %q, %v", first, err)
+		}
+	}
+	resp.Body.Close() // hang up mid-stream
+	if strings.Contains(string(first), "usage") || !strings.Contains(string(first), `"content":"Hel"`) {
+		t.Fatalf("first chunk at the client %q, want the content without a usage", first)
+	}
+	prompt, completion := tokensLogged(accessLogEntries(t, logPath, "cut"))
+	if prompt != float64(doublePrompt) || completion != float64(1) {
+		t.Fatalf("logged prompt %v completion %v for the cut stream, want %d and 1", prompt, completion, doublePrompt)
+	}
+	if resp, body := askAs(client, "carol"); resp.Header.Get("X-Teamserve-Tokens-Today") != fmt.Sprint(doublePrompt+1) {
+		t.Fatalf("next answer %d %q: tokens today %q, want %d", resp.StatusCode, body,
+			resp.Header.Get("X-Teamserve-Tokens-Today"), doublePrompt+1)
 	}
 }
 
@@ -421,4 +508,30 @@ func TestTokenUsageReturnsWhenTheClientHasGone(t *testing.T) {
 	}()
 	_ = handler.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/v1/models", nil), abortingProxy{})
 	t.Fatal("the abort of a request whose client is still connected was swallowed")
+}
+
+// A cut stream's running counts: the prompt once, and each choice's last completion count summed (n = 2);
+// the usage-only chunk, once it comes, is the total. Only the "usage" member is taken out of a chunk.
+func TestRunningUsageOfACutStream(t *testing.T) {
+	rec := &usageRecorder{strip: usageStrip{final: true, running: true}}
+	chunk := func(index, completion int) string {
+		return fmt.Sprintf(`data: {"id":"c", "choices":[{"index":%d,"text":"a"}], "usage":{"prompt_tokens":9,"completion_tokens":%d}, "model":"m"}`+"\n\n", index, completion)
+	}
+	out := rec.events([]byte(chunk(0, 1) + chunk(1, 1) + chunk(0, 2) + chunk(1, 4)))
+	if want := `data: {"id":"c","choices":[{"index":1,"text":"a"}],"model":"m"}` + "\n\n"; !strings.HasSuffix(string(out), want) ||
+		strings.Contains(string(out), "usage") {
+		t.Fatalf("sent on %q, want each chunk without its usage, ending %q", out, want)
+	}
+	if got, found := rec.counts(); !found || got != (tokenCounts{prompt: 9, completion: 6}) {
+		t.Fatalf("cut stream counts %+v %v, want prompt 9 and completion 2+4", got, found)
+	}
+	if out := rec.events([]byte(`data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":7}}` + "\n\n")); len(out) != 0 {
+		t.Fatalf("usage-only chunk sent on: %q", out)
+	}
+	if got, _ := rec.counts(); got != (tokenCounts{prompt: 9, completion: 7}) {
+		t.Fatalf("counts %+v after the usage-only chunk, want its total", got)
+	}
+	if got := string(withoutMember([]byte(`{"a":1, "\u0075sage" : {"x":[1,2]} ,"b":"usage"}`), "usage")); got != `{"a":1,"b":"usage"}` {
+		t.Fatalf("withoutMember: %s", got)
+	}
 }
