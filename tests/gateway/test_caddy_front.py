@@ -200,13 +200,18 @@ def test_role_refuses_a_front_without_the_fleet_key(tmp_path):
 
 
 def test_box_behind_a_front_gets_the_front_user_and_keeps_a_public_health(tmp_path):
-    """caddy_front_user_key adds teamserve-front, capped at the box's whole batch; a box behind a front
-    with a private /health would never be seen healthy, so it is refused."""
+    """caddy_front_user_key adds teamserve-front, capped at the box's whole batch, and the team's own keys
+    stay at the front unless caddy_users_around_front opts in; a box behind a front with a private /health
+    would never be seen healthy, so it is refused."""
     plan = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048}}
     box_vars = {"vllm_plan": plan, "caddy_users": USERS, "caddy_tls_mode": "off", "caddy_front_user_key": FLEET_KEY}
-    caddyfile = render(tmp_path, {"gpu1": box_vars})["gpu1"]
-    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive 0 0\n", caddyfile)
-    assert FLEET_KEY not in caddyfile  # its SHA-256 only
+    rendered = render(tmp_path, {"gpu1": box_vars, "gpu2": {**box_vars, "caddy_users_around_front": True},
+                                 "solo": {**box_vars, "caddy_front_user_key": ""}})
+    users = {host: set(re.findall(r"^\s+[0-9a-f]{64} (\S+) \d+ \d+ rate_", text, re.M)) for host, text in rendered.items()}
+    team = {u["name"] for u in USERS}
+    assert users == {"gpu1": {"teamserve-front"}, "gpu2": team | {"teamserve-front"}, "solo": team}, users
+    assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive 0 0\n", rendered["gpu1"])
+    assert FLEET_KEY not in rendered["gpu1"]  # its SHA-256 only
     (tmp_path / "private").mkdir()
     run = play(tmp_path / "private", {"gpu1": {**box_vars, "caddy_health_public": False}})
     assert run.returncode != 0 and "caddy_health_public" in run.stdout
