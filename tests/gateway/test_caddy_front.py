@@ -3,6 +3,8 @@ template): each box's in-flight cap comes from its plan, the fleet's capacity is
 different models per box routes by the request's `model`, and bad entries are refused by name."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import pathlib
 import re
@@ -60,7 +62,7 @@ def test_front_caddyfile_for_one_two_three_boxes(tmp_path, count):
     assert "lb_policy capacity {" in pool and "hash {teamserve_user}" not in pool
     assert "health_uri /health" in pool
     assert_box_refusals_retried(pool, count, caddyfile)
-    assert f'header_up Authorization "Bearer {FLEET_KEY}"' in pool
+    assert "header_up Authorization {teamserve_box_auth}" in pool and FLEET_KEY not in caddyfile  # a key per box
     assert "unhealthy_request_count" not in pool  # the per-box caps replace the one-engine cap
     assert "request_model" not in caddyfile  # one pool: the body is not read
     assert "request_priority" not in caddyfile  # the boxes write priorities; the front has no engine
@@ -193,6 +195,30 @@ def test_the_engines_batch_and_the_fleets_are_two_names(tmp_path):
     assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive 0 0\n", rendered["gpu1"])
 
 
+def test_each_box_gets_its_own_key_for_the_front():
+    """HMAC-SHA256 (RFC 2104) of the box's name under the fleet's key: one per box, none equal to the fleet's key."""
+    keys = {name: front.caddy_front_box_key(FLEET_KEY, name) for name in ("gpu1", "gpu2")}
+    assert keys["gpu1"] == hmac.new(FLEET_KEY.encode(), b"teamserve-front:gpu1", hashlib.sha256).hexdigest()
+    assert len(set(keys.values())) == 2 and FLEET_KEY not in keys.values()
+    assert front.caddy_front_box_key("g" * 48, "gpu1") != keys["gpu1"]
+    for bad_key, bad_name in (("", "gpu1"), (None, "gpu1"), (FLEET_KEY, ""), (FLEET_KEY, 3)):
+        with pytest.raises(ValueError) as err:
+            front.caddy_front_box_key(bad_key, bad_name)
+        assert FLEET_KEY not in str(err.value)
+
+
+def test_the_front_presents_each_box_its_own_key(tmp_path):
+    """The front's Caddyfile maps each box (host:port) to the key derived from its name, and holds neither the
+    fleet's key nor one key for two boxes; a fleet's key shorter than caddy_key_min_length is refused."""
+    caddyfile = render(tmp_path, {"front": front_host([box(1, 8, ["m"]), box(2, 8, ["m"])])})["front"]
+    mapped = dict(re.findall(r'^\t\t\t(\S+) "Bearer ([0-9a-f]{64})"$', caddyfile, re.M))
+    assert mapped == {f"10.0.0.{n}:8443": front.caddy_front_box_key(FLEET_KEY, f"gpu{n}") for n in (1, 2)}, mapped
+    assert FLEET_KEY not in caddyfile and "header_up Authorization {teamserve_box_auth}" in caddyfile
+    (tmp_path / "short").mkdir()
+    run = play(tmp_path / "short", {"front": front_host([box(1, 8, ["m"])], caddy_upstream_api_key="f" * 20)})
+    assert run.returncode != 0 and "caddy_key_min_length" in run.stdout and "f" * 20 not in run.stdout
+
+
 def test_role_refuses_a_front_without_the_fleet_key(tmp_path):
     run = play(tmp_path, {"front": front_host([box(1, 8, ["m"])], caddy_upstream_api_key="")})
     assert run.returncode != 0
@@ -211,7 +237,10 @@ def test_box_behind_a_front_gets_the_front_user_and_keeps_a_public_health(tmp_pa
     team = {u["name"] for u in USERS}
     assert users == {"gpu1": {"teamserve-front"}, "gpu2": team | {"teamserve-front"}, "solo": team}, users
     assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive 0 0\n", rendered["gpu1"])
-    assert FLEET_KEY not in rendered["gpu1"]  # its SHA-256 only
+    # the box knows the front by its own key, derived from the fleet's key and its name; only its SHA-256
+    own = front.caddy_front_box_key(FLEET_KEY, "gpu1")
+    assert re.search(rf"{hashlib.sha256(own.encode()).hexdigest()} teamserve-front ", rendered["gpu1"])
+    assert FLEET_KEY not in rendered["gpu1"] and own not in rendered["gpu1"]
     (tmp_path / "private").mkdir()
     run = play(tmp_path / "private", {"gpu1": {**box_vars, "caddy_health_public": False}})
     assert run.returncode != 0 and "caddy_health_public" in run.stdout

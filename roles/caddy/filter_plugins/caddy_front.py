@@ -10,6 +10,8 @@ its max-model-len (tokens).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -39,7 +41,8 @@ def caddy_front_upstreams(upstreams: Any) -> list[dict[str, Any]]:
     ``max_inflight`` (requests, >= 1: the box's max-num-seqs), ``models`` (served model names, non-empty),
     ``max_model_len`` (tokens, >= 1), ``ca_cert`` (path ON THE CONTROLLER of the PEM root that signs the
     box's certificate, which the role copies to the front; "" = the system trust store) and optionally
-    ``name`` (the box, for messages).
+    ``name`` (the box's ``caddy_front_box_name``, its inventory name by default: the key the front presents
+    to it derives from it, see ``caddy_front_box_key``; default the box's "host:port").
     Output: the same entries with ``dial`` ("host:port", how Caddy names the upstream) and ``ca_file`` (the
     copy's file name on the front, "" without ca_cert) added, ints as ints.
     An empty list is returned as is (the gateway proxies to ``caddy_upstream`` then).
@@ -170,10 +173,31 @@ def caddy_front_drain_grace(health_interval: Any) -> int:
     return int(-(-2 * seconds // 1)) + 1
 
 
+def caddy_front_box_key(fleet_key: Any, box: Any) -> str:
+    """The key one box knows its front gateway by: HMAC-SHA256 (RFC 2104) of the box's name under the
+    fleet's key, as 64 hex characters.
+
+    Inputs: ``fleet_key`` (``caddy_front_user_key`` on a box, ``caddy_upstream_api_key`` on the front; the
+    secret stays on the controller) and ``box`` (the box's name: ``caddy_front_box_name`` on the box, its
+    ``caddy_upstreams`` entry's ``name`` on the front). Each box gets a different key and none can be
+    worked back to the fleet's key or another box's, so a box that is broken into, which sees its own key
+    in every request the front sends, holds nothing that opens the other boxes.
+    Raises ValueError when either input is empty or not a string (the key is never shown).
+    """
+    if not isinstance(fleet_key, str) or not fleet_key:
+        raise ValueError("the fleet's key (caddy_front_user_key on a box, caddy_upstream_api_key on a front) must be "
+                         "a non-empty string from the vault")
+    if not isinstance(box, str) or not box:
+        raise ValueError(f"the box's name {box!r} must be a non-empty string (caddy_front_box_name on the box, the "
+                         "caddy_upstreams entry's name on the front)")
+    return hmac.new(fleet_key.encode(), b"teamserve-front:" + box.encode(), hashlib.sha256).hexdigest()
+
+
 class FilterModule:
     """The front gateway's filters."""
 
     def filters(self) -> dict[str, Any]:
         return {"caddy_front_upstreams": caddy_front_upstreams, "caddy_front_capacity": caddy_front_capacity,
                 "caddy_front_max_model_len": caddy_front_max_model_len, "caddy_front_routes": caddy_front_routes,
-                "caddy_front_models_json": caddy_front_models_json, "caddy_front_drain_grace": caddy_front_drain_grace}
+                "caddy_front_models_json": caddy_front_models_json, "caddy_front_drain_grace": caddy_front_drain_grace,
+                "caddy_front_box_key": caddy_front_box_key}
