@@ -265,7 +265,8 @@ def gate(previous_knee: int, margin: float, sweep_steps: Sequence[Mapping[str, A
     """Whether an upgrade kept its capacity: the new p95 knee within ``margin`` of ``previous_knee``.
 
     ``sweep_steps``: the steps of :func:`gate_steps` run on the new engine. Returns ``{"passed", "knee"
-    (:func:`knee`), "previous_knee", "lowest_allowed", "summary"}``.
+    (:func:`knee`), "previous_knee", "lowest_allowed", "summary"}``. With a previous knee of 1 the gate
+    runs one request at a time, which any engine that answers passes; the summary says so.
     """
     lowest = gate_steps(previous_knee, margin)[0]
     found = knee(sweep_steps, targets, "p95")
@@ -279,6 +280,9 @@ def gate(previous_knee: int, margin: float, sweep_steps: Sequence[Mapping[str, A
         broke = ", ".join(found["broke_on"]) or "nothing measured"
         moved = (f"the knee fell below {lowest} concurrent requests (was {previous_knee}; allowed down to "
                  f"{lowest}, margin {margin:.0%}): {broke} broke at {found['first_break']}")
+    if int(previous_knee) == 1:
+        moved += ("; the last sweep's knee was 1, so this gate ran one request at a time and cannot tell an engine "
+                  "that serves one sequence at a time: run playbooks/sweep.yml on a quiet box to arm it")
     return {"passed": passed, "knee": found, "previous_knee": int(previous_knee), "lowest_allowed": lowest,
             "summary": moved}
 

@@ -170,6 +170,9 @@ def test_gate_steps_and_verdicts():
     assert within["passed"] and "within the margin" in within["summary"]
     fell = sweep.gate(8, 0.25, [step(6, 3.5), step(8, 4.0)], TARGETS)
     assert not fell["passed"] and fell["lowest_allowed"] == 6 and "fell below 6" in fell["summary"]
+    assert "cannot tell" not in held["summary"] + within["summary"] + fell["summary"]
+    unarmed = sweep.gate(1, 0.25, [step(1, 0.3)], TARGETS)
+    assert unarmed["passed"] and "cannot tell an engine that serves one sequence at a time" in unarmed["summary"]
 
 
 def test_prefix_win_compares_the_same_concurrency():
