@@ -105,10 +105,16 @@ func writeSlowly(w http.ResponseWriter, s string) {
 	}
 }
 
-// usageGateway runs token_usage before reverse_proxy to engine in a real Caddy with a JSON access log.
-func usageGateway(t *testing.T, engine *usageEngine) (*http.Client, string) {
+// usageGateway runs token_usage (with the options given, if any) before reverse_proxy to engine in a real
+// Caddy with a JSON access log.
+func usageGateway(t *testing.T, engine *usageEngine, options ...string) (*http.Client, string) {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), "access.log")
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "access.log")
+	block := ""
+	if len(options) > 0 {
+		block = "{\n\t\t\t" + strings.ReplaceAll(strings.Join(options, "\n"), "{dir}", dir) + "\n\t\t}"
+	}
 	client, _ := frontGateway(t, fmt.Sprintf(`http:// {
 	bind unix/{socket}
 	log {
@@ -116,12 +122,12 @@ func usageGateway(t *testing.T, engine *usageEngine) (*http.Client, string) {
 		format json
 	}
 	route {
-		token_usage
+		token_usage %s
 		reverse_proxy %s {
 			flush_interval -1
 		}
 	}
-}`, logPath, engine.Listener.Addr().String()))
+}`, logPath, block, engine.Listener.Addr().String()))
 	return client, logPath
 }
 
@@ -209,24 +215,7 @@ func TestTokenUsageCountsAStreamCutShort(t *testing.T) {
 		for range engine.bodies {
 		}
 	}()
-	dir := t.TempDir()
-	logPath := filepath.Join(dir, "access.log")
-	client, _ := frontGateway(t, fmt.Sprintf(`http:// {
-	bind unix/{socket}
-	log {
-		output file %s
-		format json
-	}
-	route {
-		token_usage {
-			key {http.request.header.X-User}
-			ledger %s
-		}
-		reverse_proxy %s {
-			flush_interval -1
-		}
-	}
-}`, logPath, filepath.Join(dir, "tokens.json"), engine.Listener.Addr().String()))
+	client, logPath := usageGateway(t, engine, "key {http.request.header.X-User}", "ledger {dir}/tokens.json")
 	req, _ := http.NewRequest(http.MethodPost, "http://gateway/v1/cut", strings.NewReader(`{"stream":true,"prompt":"x"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-User", "carol")
