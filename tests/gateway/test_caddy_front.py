@@ -231,11 +231,19 @@ def test_box_behind_a_front_gets_the_front_user_and_keeps_a_public_health(tmp_pa
     would never be seen healthy, so it is refused."""
     plan = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048}}
     box_vars = {"vllm_plan": plan, "caddy_users": USERS, "caddy_tls_mode": "off", "caddy_front_user_key": FLEET_KEY}
+    old_key = "o" * 48  # a rotation of the fleet's key under way on gpu3
     rendered = render(tmp_path, {"gpu1": box_vars, "gpu2": {**box_vars, "caddy_users_around_front": True},
+                                 "gpu3": {**box_vars, "caddy_front_user_key_previous": old_key},
                                  "solo": {**box_vars, "caddy_front_user_key": ""}})
     users = {host: set(re.findall(r"^\s+[0-9a-f]{64} (\S+) \d+ \d+ rate_", text, re.M)) for host, text in rendered.items()}
     team = {u["name"] for u in USERS}
-    assert users == {"gpu1": {"teamserve-front"}, "gpu2": team | {"teamserve-front"}, "solo": team}, users
+    assert users == {"gpu1": {"teamserve-front"}, "gpu2": team | {"teamserve-front"}, "gpu3": {"teamserve-front"},
+                     "solo": team}, users
+    # during the rotation gpu3 takes the keys derived from the new and the old fleet's key, with the same limits
+    rotating = {key: line for key, line in re.findall(r"^\s+([0-9a-f]{64}) (teamserve-front .*)$", rendered["gpu3"], re.M)}
+    assert set(rotating) == {hashlib.sha256(front.caddy_front_box_key(k, "gpu3").encode()).hexdigest()
+                             for k in (FLEET_KEY, old_key)} and len(set(rotating.values())) == 1, rotating
+    assert len(re.findall(r"^\s+[0-9a-f]{64} teamserve-front ", rendered["gpu1"], re.M)) == 1
     assert re.search(r" teamserve-front 0 8 rate_1000_per_1s interactive 0 0\n", rendered["gpu1"])
     # the box knows the front by its own key, derived from the fleet's key and its name; only its SHA-256
     own = front.caddy_front_box_key(FLEET_KEY, "gpu1")
