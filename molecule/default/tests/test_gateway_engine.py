@@ -34,6 +34,31 @@ BOX_LAN = "10.231.0.10"
 LONG = 1500
 
 
+def access_log(host) -> list[dict[str, Any]]:
+    """The box gateway's access-log entries, oldest first."""
+    return [json.loads(line) for line in host.file("/var/log/caddy/access.log").content_string.splitlines()
+            if line.strip()]
+
+
+def access_log_after(host, started: float, match) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The access log, and its entries written at or after ``started`` (Unix seconds, the clock the box
+    shares) that ``match``, read again every 0.5 s until one matches or 10 s have passed: the gateway writes
+    a request's entry when its handler returns, which can be just after its client read the last event or
+    hung up."""
+    deadline = time.monotonic() + 10
+    while True:
+        entries = access_log(host)
+        found = [e for e in entries if e["ts"] >= started and match(e)]
+        if found or time.monotonic() > deadline:
+            return entries, found
+        time.sleep(0.5)
+
+
+def stream_tokens(cmd: list[str]) -> int:
+    """Tokens a stream that asks for LONG gets from the engine run with ``cmd``: its output ceiling clamps it."""
+    return min(LONG, json.loads(cmd[cmd.index("--override-generation-config") + 1])["max_new_tokens"])
+
+
 def base_url(testbed_vars: dict) -> str:
     return f"{'http' if testbed_vars['caddy_tls_mode'] == 'off' else 'https'}://{BOX_LAN}:{testbed_vars['caddy_listen_port']}/v1"
 
@@ -88,8 +113,7 @@ def test_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
     (measured: 0 of 6,000 against 6,000 of 6,000)."""
     cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
     default = max(1, int(cmd[cmd.index("--max-num-seqs") + 1]) // 4)  # roles/caddy caddy_user_max_inflight
-    # Each stream asks for LONG tokens; the engine clamps it to its output ceiling.
-    per_stream = min(LONG, json.loads(cmd[cmd.index("--override-generation-config") + 1])["max_new_tokens"])
+    per_stream = stream_tokens(cmd)
     caps = {u["name"]: u.get("max_inflight", default) for u in testbed_vars["caddy_users"]}
     cap = 2 * min(caps["alice"], caps["bob"])
     url = base_url(testbed_vars) + "/chat/completions"
@@ -145,19 +169,10 @@ def test_access_log_names_users_and_holds_no_key(host, testbed_vars, keys, vault
     stream = client.chat.completions.create(model="tiny", stream=True, max_tokens=32,
                                             messages=[{"role": "user", "content": "Count."}])
     assert sum(1 for _ in stream) > 1
-    log = host.file("/var/log/caddy/access.log")
-    # The gateway writes the entry when its handler returns, which can be just after the client read [DONE],
-    # and an earlier test's stream that its client cut short is bob's last entry until then: wait for this
-    # stream's entry (ts: Caddy's Unix time of writing it, on the clock this host shares), at most 10 s.
-    deadline = time.monotonic() + 10
-    while True:
-        entries = [json.loads(line) for line in log.content_string.splitlines() if line.strip()]
-        bob = [e for e in entries if e.get("user") == "bob"]
-        streamed = [e for e in bob if e["request"]["uri"] == "/v1/chat/completions" and e["status"] == 200
-                    and e["ts"] >= started]
-        if streamed or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    # An earlier test's stream that its client cut short is bob's last entry until this one is written.
+    entries, streamed = access_log_after(host, started, lambda e: e.get("user") == "bob" and e["status"] == 200
+                                         and e["request"]["uri"] == "/v1/chat/completions")
+    bob = [e for e in entries if e.get("user") == "bob"]
     assert bob and {"status", "size", "duration"} <= bob[-1].keys()
     assert streamed and streamed[-1]["duration"] > 0 and streamed[-1]["size"] > 0, streamed[-1:]
     # Every entry names its user but the refusals of a key the gateway does not know, and the public /health
@@ -165,7 +180,8 @@ def test_access_log_names_users_and_holds_no_key(host, testbed_vars, keys, vault
     anonymous = [e for e in entries if "user" not in e and e["request"]["uri"] != "/health"]
     assert all(e["status"] in (401, 404) for e in anonymous), [(e["request"]["uri"], e["status"]) for e in anonymous]
     assert all("Authorization" not in e["request"]["headers"] for e in entries)
-    text = log.content_string + host.check_output("journalctl -u caddy --no-pager -o cat")
+    text = host.file("/var/log/caddy/access.log").content_string + host.check_output(
+        "journalctl -u caddy --no-pager -o cat")
     for secret in list(keys.values()) + [vault["vault_vllm_api_key"]]:
         assert secret not in text
     # users.yml given a key file of its own (dana's, test_admission.py) wrote only there, not to the inventory's.
@@ -204,8 +220,7 @@ def test_tokens_counted_per_user_equal_the_engines_usage(host, testbed_vars, key
                                                 messages=[{"role": "user", "content": "Go."}]))
     assert asked[-1].choices == [] and asked[-1].usage is not None
     seen.append((asked[-1].usage.prompt_tokens, asked[-1].usage.completion_tokens))
-    entries = [json.loads(line) for line in host.file("/var/log/caddy/access.log").content_string.splitlines()
-               if line.strip()]
+    entries = access_log(host)
     logged = [(e.get("prompt_tokens"), e.get("completion_tokens")) for e in entries
               if e.get("user") == "alice" and e["status"] == 200][-4:]
     assert None not in {t for pair in logged for t in pair}, logged
@@ -230,22 +245,14 @@ def test_tokens_counted_per_user_equal_the_engines_usage(host, testbed_vars, key
 
     # A stream its client cuts short never gets to its usage chunk: it is counted from the running usage
     # (continuous_usage_stats) the gateway asks the engine for and takes out of every chunk.
-    cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
-    whole = min(LONG, json.loads(cmd[cmd.index("--override-generation-config") + 1])["max_new_tokens"])
+    whole = stream_tokens(json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"])
     started = time.time()
     cut = client.chat.completions.create(model="tiny", stream=True, max_tokens=LONG, extra_body={"ignore_eos": True},
                                          messages=[{"role": "user", "content": "Count."}])
     read = list(itertools.islice(cut, 4))
     cut.close()
     assert len(read) == 4 and all(c.usage is None for c in read), read
-    deadline = time.monotonic() + 10  # its entry is written once the gateway sees the hang-up
-    while True:
-        entries = [json.loads(line) for line in host.file("/var/log/caddy/access.log").content_string.splitlines()
-                   if line.strip()]
-        mine = [e for e in entries if e.get("user") == "alice" and e["ts"] >= started and e["status"] == 200]
-        if mine or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    _, mine = access_log_after(host, started, lambda e: e.get("user") == "alice" and e["status"] == 200)
     assert mine, "no access-log entry for the cut stream"
     # the same prompt as the stream above; the role chunk and 3 content chunks were sent, the whole answer was not
     assert mine[-1].get("prompt_tokens") == logged[2][0] and 3 <= mine[-1].get("completion_tokens", 0) < whole, \
