@@ -11,7 +11,8 @@ wire format of the OpenAI API (the format vLLM's OpenAI-compatible server also s
   unbuffered streaming measures these gaps on the client side), ending with ``data: [DONE]``; with
   ``"stream_options": {"include_usage": true}`` a last chunk with empty ``choices`` and ``usage`` before it,
   as vLLM sends, and with ``"continuous_usage_stats": true`` as well each chunk's running ``usage`` (the
-  prompt and the completion tokens so far, vLLM's extension). Every answer's usage is 1 prompt token and ``max_tokens`` completion tokens.
+  prompt and the completion tokens so far, vLLM's extension). Every answer's usage is 1 prompt token and
+  ``max_tokens`` completion tokens.
   ``max_tokens`` sets the number of tokens (default 8, at most 10000). ``"model": "fixture-busy"`` gets
   the 503 vLLM answers when its queue is full (``--max-num-queued-reqs``), body copied from the real
   vLLM 0.32.0 CPU build's answer on the testbed (no Retry-After); so does a request with the header

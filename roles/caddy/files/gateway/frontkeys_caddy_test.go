@@ -14,8 +14,9 @@ import (
 
 // The idiom the role's Caddyfile uses on a front gateway to give each box its own key: a map from the
 // upstream Caddy picked ({upstream_hostport}, known only once reverse_proxy has chosen) to that box's
-// Authorization value, read by header_up. Map outputs are evaluated when read, so the value follows
-// each pick, retries to another box included.
+// Authorization value, read by header_up. Map outputs are evaluated only when read (Caddy's map
+// directive docs, caddyserver.com/docs/caddyfile/directives/map), so the value follows each pick,
+// retries to another box included.
 func TestFrontSendsEachBoxItsOwnKey(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string][]string{} // box -> Authorization values it got
