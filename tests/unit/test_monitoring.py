@@ -264,6 +264,71 @@ def test_alerts_fire_as_designed(rendered, plan, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+FRONT_BOXES = [{"name": "teamserve-box", "url": "https://10.0.0.10:8443", "max_inflight": 8},
+               {"name": "teamserve-box-b", "url": "https://10.0.0.11:8443", "max_inflight": 4}]
+
+
+@pytest.fixture(scope="module")
+def rendered_front(tmp_path_factory) -> dict[str, pathlib.Path]:
+    """The role's templates rendered for a front gateway (no engine, no plan): its boxes as front.yml passes them."""
+    tmp = tmp_path_factory.mktemp("monitoring-front")
+    front = {"caddy_metrics_url": "http://127.0.0.1:2020/metrics", "caddy_access_log_path": "/var/log/caddy/access.log",
+             "monitoring_dcgm_exporter_enabled": False, "monitoring_front_boxes": FRONT_BOXES}
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    run_cases(tmp, {"front": {**defaults, **front}}, RENDER.format(role=ROLE))
+    return {kind: tmp / f"front.{kind}" for kind in ("rules.yml", "prometheus.yml", "alertmanager.yml", "prom")}
+
+
+def test_a_front_watches_its_gateway_and_boxes_not_an_engine(rendered_front, tmp_path):
+    rules = tool("promtool", "check", "rules", str(rendered_front["rules.yml"]))
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    config = yaml.safe_load(rendered_front["prometheus.yml"].read_text())
+    assert {job["job_name"] for job in config["scrape_configs"]} == {"prometheus", "alertmanager", "node", "mtail", "caddy"}
+    config["rule_files"] = [str(rendered_front["rules.yml"])]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    check = tool("promtool", "check", "config", str(tmp_path / "prometheus.yml"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    metrics = tool("promtool", "check", "metrics", stdin=rendered_front["prom"].read_text())
+    assert metrics.returncode == 0, metrics.stdout + metrics.stderr
+    text = rendered_front["prom"].read_text()
+    assert 'teamserve_front_box_info{box="teamserve-box",upstream="10.0.0.10:8443"} 1' in text
+    assert 'teamserve_front_box_max_inflight{box="teamserve-box-b"} 4' in text
+    assert "teamserve_plan_" not in text
+    alerts = {name for name, rule in _rules(rendered_front).items() if "alert" in rule}
+    assert alerts == {"TeamserveGatewayDown", "TeamserveMonitoringTargetDown", "TeamserveServerFull",
+                      "TeamserveUserRefused", "TeamserveBoxUnhealthy"}
+    assert not [r for r in _rules(rendered_front).values() if "vllm" in r["expr"]]
+
+
+def test_a_box_failing_the_fronts_health_checks_pages_after_a_cold_starts_budget(rendered_front, tmp_path):
+    groups = yaml.safe_load(rendered_front["rules.yml"].read_text())["groups"]
+    for group in groups:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    info = "teamserve_front_box_info{{box=\"{}\",upstream=\"{}\"}}"
+    cases = [{
+        "interval": "1m",
+        "input_series": [  # box-b fails from minute 5 on; the box stays healthy; a drain of 3 min at minute 40
+            {"series": 'caddy_reverse_proxy_upstreams_healthy{upstream="10.0.0.10:8443"}', "values": "1x39 0x3 1x20"},
+            {"series": 'caddy_reverse_proxy_upstreams_healthy{upstream="10.0.0.11:8443"}', "values": "1x4 0x60"},
+            {"series": info.format("teamserve-box", "10.0.0.10:8443"), "values": "1x65"},
+            {"series": info.format("teamserve-box-b", "10.0.0.11:8443"), "values": "1x65"},
+        ],
+        "alert_rule_test": [
+            _alert("TeamserveBoxUnhealthy", "15m"),  # within the cold-start budget (900 s): no page
+            _alert("TeamserveBoxUnhealthy", "21m", {"severity": "page", "box": "teamserve-box-b",
+                                                    "upstream": "10.0.0.11:8443"}),
+            _alert("TeamserveBoxUnhealthy", "43m", {"severity": "page", "box": "teamserve-box-b",
+                                                    "upstream": "10.0.0.11:8443"}),  # a drain does not page
+        ],
+    }]
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": cases}))
+    result = tool("promtool", "test", "rules", str(tmp_path / "tests.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 ACCESS_LOG = [
     {"status": 200, "user": "alice", "duration": 0.53, "size": 2048, "prompt_tokens": 31, "completion_tokens": 7},
     {"status": 200, "user": "alice", "duration": 12.5, "size": 9000, "prompt_tokens": 1200, "completion_tokens": 0},
@@ -363,6 +428,11 @@ REFUSALS = {
                             "monitoring_engine_metrics_url=http://10.0.0.5:8000/metrics and .* must be http:// URLs on loopback"),
     "no_plan": ({"vllm_plan": {}}, r"monitoring_plan must be the capacity plan .*got keys \[\]"),
     "port_clash": ({"monitoring_mtail_port": 9090}, r"ports \[9090, 9093, 9100, 9090, 9400\] must be distinct"),
+    "ok_front": ({"vllm_plan": {}, "vllm_engine_url": "", "monitoring_front_boxes": FRONT_BOXES}, None),
+    "front_box_without_url": ({"vllm_plan": {}, "monitoring_front_boxes": [{"name": "b", "url": "10.0.0.11:8443",
+                                                                          "max_inflight": 4}]},
+                              r"monitoring_front_boxes makes this host a front gateway, which needs each box's "
+                              r"gateway URL \(https://host:port; got \['10.0.0.11:8443'\]\)"),
     "dcgm_without_digest": ({"monitoring_dcgm_exporter_enabled": True},
                             "monitoring_dcgm_exporter_image=.*must name NVIDIA's DCGM exporter by tag and digest"
                             ".*monitoring_dcgm_exporter_enabled: false"),

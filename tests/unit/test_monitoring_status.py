@@ -17,7 +17,9 @@ from prometheus_stand_in import serve
 from repo_modules import REPO, load
 
 status = load("monitoring_status", "roles/monitoring/filter_plugins/monitoring_status.py")
-QUERIES = yaml.safe_load((REPO / "roles/monitoring/vars/main.yml").read_text())["__monitoring_status_queries"]
+_VARS = yaml.safe_load((REPO / "roles/monitoring/vars/main.yml").read_text())
+QUERIES = {**_VARS["__monitoring_status_engine_queries"], **_VARS["__monitoring_status_front_queries"],
+           **_VARS["__monitoring_status_user_queries"]}
 AT = 1764686400.0
 
 
@@ -77,6 +79,12 @@ HELD = {
         matrix({"__name__": "teamserve_gateway_tokens_total", "user": "carol", "kind": "completion"}, 40, 50)],
     QUERIES["user_tokens_before"]: [vector({"user": "carol", "kind": "prompt"}, 100)],
     QUERIES["engine_up"]: [vector({"job": "vllm"}, 1)],
+    QUERIES["running"]: [vector({}, 3)],
+    QUERIES["kv_cache_usage"]: [vector({}, 0.25)],
+    QUERIES["ttft_p95"]: [vector({}, 0.4)],
+    # A front: its gateway up, the box it can read healthy, the box another inventory manages not.
+    QUERIES["gateway_up"]: [vector({"job": "caddy"}, 1)],
+    QUERIES["box_healthy"]: [vector({"upstream": "10.0.0.10:8443"}, 1), vector({"upstream": "10.0.0.11:8443"}, 0)],
 }
 
 
@@ -138,4 +146,67 @@ def test_the_status_view_prints_exact_counts_at_one_instant(tmp_path, prometheus
     assert "  bob: 5 requests" in printed  # no tokens or refusal in the hour: none printed
     assert "  carol: 8 requests; 900 prompt + 50 completion tokens; 3 rate_limit_exceeded" in printed
     assert "Engine up:              yes" in printed
+    assert "Requests running:       3 (max-num-seqs n/a)" in printed  # whole requests, not 3.0
     assert set(asked) == {f"{AT}"}  # every figure read at the one instant
+
+
+FLEET_PLAY = """
+- name: Read each box first, as playbooks/status.yml does
+  hosts: box
+  gather_facts: false
+  tasks:
+    - name: Run the status entry point
+      ansible.builtin.include_role:
+        name: monitoring
+        tasks_from: status
+
+- name: Then the front
+  hosts: front
+  gather_facts: false
+  tasks:
+    - name: Run the status entry point
+      ansible.builtin.include_role:
+        name: monitoring
+        tasks_from: status
+"""
+
+
+def test_the_front_shows_each_boxs_health_beside_the_boxs_own_figures(tmp_path, prometheus):
+    port, asked = prometheus
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+              "monitoring_prometheus_port": port, "monitoring_status_time": f"{AT}"}
+    boxes = [{"name": "box", "url": "https://10.0.0.10:8443", "max_inflight": 8},
+             {"name": "box-b", "url": "https://10.0.0.11:8443", "max_inflight": 4}]
+    (tmp_path / "inventory.yml").write_text(json.dumps({"all": {"hosts": {
+        "box": common, "front": {**common, "monitoring_front_boxes": boxes}}}}))
+    (tmp_path / "play.yml").write_text(FLEET_PLAY)
+    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.json",
+           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i",
+                          str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml")],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    tasks = {t["task"]["name"].split(" : ")[-1]: t["hosts"]["front"] for t in json.loads(run.stdout)["plays"][1]["tasks"]}
+    fleet = tasks["Collect each box's figures"]["ansible_facts"]["monitoring_fleet"]
+    assert fleet == [
+        {"box": "box", "upstream": "10.0.0.10:8443", "max_inflight": 8, "healthy": True, "engine_up": True,
+         "running": 3, "waiting": None, "kv_cache_usage": 0.25, "ttft_p95": 0.4},
+        {"box": "box-b", "upstream": "10.0.0.11:8443", "max_inflight": 4, "healthy": False, "engine_up": None,
+         "running": None, "waiting": None, "kv_cache_usage": None, "ttft_p95": None}]
+    printed = tasks["Print the status"]["msg"]
+    assert "Gateway up:             yes" in printed
+    assert "Fleet capacity:         12 sequences (the boxes' max-num-seqs)" in printed
+    assert "  box (10.0.0.10:8443): healthy; engine up running 3 of 8, waiting n/a, KV cache 0.25, TTFT p95 0.4 s" in printed
+    assert "  box-b (10.0.0.11:8443): UNHEALTHY; running n/a of 4, waiting n/a, KV cache n/a, TTFT p95 n/a" in printed
+    assert not [line for line in printed if line.startswith("Engine up")]  # the front has no engine
+    assert "  carol: 8 requests; 900 prompt + 50 completion tokens; 3 rate_limit_exceeded" in printed
+    assert set(asked) == {f"{AT}"}
+
+
+def test_fleet_rows_without_samples_say_so():
+    rows = status.monitoring_fleet_rows([{"box": "a", "upstream": "10.0.0.1:8443", "max_inflight": 2}], None, None)
+    assert rows == [{"box": "a", "upstream": "10.0.0.1:8443", "max_inflight": 2, "healthy": None, "engine_up": None,
+                     "running": None, "waiting": None, "kv_cache_usage": None, "ttft_p95": None}]
+    nan = [{"metric": {"upstream": "10.0.0.1:8443"}, "value": [AT, "NaN"]}]
+    assert status.monitoring_fleet_rows([{"box": "a", "upstream": "10.0.0.1:8443"}], nan)[0]["healthy"] is None

@@ -69,6 +69,53 @@ def test_the_front_has_the_firewall(host):
     assert host.service("nftables").is_enabled
 
 
+def front_query(host, expr: str) -> list[dict]:
+    """The front Prometheus's instant-query result for `expr` now, read on the front's loopback."""
+    out = host.check_output("curl -sfG http://127.0.0.1:9090/api/v1/query --data-urlencode %s", f"query={expr}")
+    body = json.loads(out)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def front_total(host, expr: str) -> float:
+    return sum(float(r["value"][1]) for r in front_query(host, expr))
+
+
+def test_the_front_counts_the_teams_usage_and_watches_its_boxes(host, keys):
+    """The front runs the monitoring role without an engine: a request through it is counted there for its
+    user, with the tokens the engine counted; each box's health is the front's own checks, named by box;
+    the box alert is loaded; and none of the monitoring ports answers from the LAN."""
+    tokens = 'teamserve_gateway_tokens_total{user="alice",kind="completion"}'
+    requests = 'teamserve_gateway_requests_total{user="alice",code="200"}'
+    tokens_before, requests_before = front_total(host, tokens), front_total(host, requests)
+    body = {"model": "fixture-b", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    with httpx.Client(verify=FRONT_CA, timeout=60) as client:
+        answer = client.post(f"{FRONT}/v1/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {keys['alice']}"})
+    assert answer.status_code == 200, answer.text[:300]
+    completion = answer.json()["usage"]["completion_tokens"]
+    assert completion > 0
+    deadline = time.monotonic() + 60  # mtail reads the front's log, Prometheus scrapes it every 5 s
+    while front_total(host, requests) < requests_before + 1 or front_total(host, tokens) < tokens_before + completion:
+        assert time.monotonic() < deadline, f"the front's Prometheus holds {front_query(host, requests)}, {front_query(host, tokens)}"
+        time.sleep(2)
+    assert front_total(host, tokens) == tokens_before + completion
+    up = {r["metric"]["job"]: r["value"][1] for r in front_query(host, "up")}
+    assert up == dict.fromkeys(("caddy", "node", "mtail", "prometheus", "alertmanager"), "1")  # no engine here
+    deadline = time.monotonic() + 60
+    while len(health := front_query(host, "caddy_reverse_proxy_upstreams_healthy * on (upstream) group_left (box) "
+                                          "teamserve_front_box_info")) < 2:
+        assert time.monotonic() < deadline, front_query(host, "caddy_reverse_proxy_upstreams_healthy")
+        time.sleep(2)
+    assert {r["metric"]["box"]: r["value"][1] for r in health} == {"teamserve-box": "1", "teamserve-box-b": "1"}
+    rules = json.loads(host.check_output("curl -sf http://127.0.0.1:9090/api/v1/rules"))["data"]["groups"]
+    box_alert = [r for g in rules for r in g["rules"] if r["name"] == "TeamserveBoxUnhealthy"]
+    assert box_alert and box_alert[0]["health"] == "ok", box_alert
+    lan = testinfra.get_host("docker://teamserve-lan-client")
+    for port in (9090, 9093, 9100, 3903):
+        assert lan.run("curl -s --max-time 3 -o /dev/null http://10.231.0.30:%s/", str(port)).rc != 0, port
+
+
 def test_models_lists_what_the_fleet_serves(keys):
     """Boxes serve different models: the front answers /v1/models with every one, from the boxes' plans."""
     client = openai.OpenAI(base_url=f"{FRONT}/v1", api_key=keys["alice"],

@@ -156,6 +156,17 @@ def test_status_view_prints_what_prometheus_holds(host, keys):
     assert not re.search(r"\d\.\d+ (requests|[a-z_]+_exceeded)", printed), printed  # whole numbers only
     assert "Engine up:              yes" in printed
     assert "(plan 1000.0)" in printed
+    # Then the fleet from the front: each box's health as the front sees it, beside the box's own figures
+    # read above (teamserve-box-b is another inventory's box: its health only).
+    front = {t["task"]["name"].split(" : ")[-1]: t["hosts"]["teamserve-front"] for t in document["plays"][1]["tasks"]
+             if "teamserve-front" in t["hosts"]}
+    fleet = {row["box"]: row for row in front["Collect each box's figures"]["ansible_facts"]["monitoring_fleet"]}
+    assert fleet["teamserve-box"]["healthy"] is True and fleet["teamserve-box"]["engine_up"] is True
+    assert fleet["teamserve-box"]["waiting"] == int(float(facts["monitoring_status"]["waiting"][0]["value"][1]))
+    assert fleet["teamserve-box-b"]["healthy"] is True and fleet["teamserve-box-b"]["running"] is None
+    front_printed = front["Print the status"]["msg"]
+    assert "Gateway up:             yes" in front_printed
+    assert [line for line in front_printed if line.startswith("  teamserve-box (10.231.0.10:8443): healthy; engine up")]
 
 
 def test_every_dashboard_query_reads_scraped_metrics(host):

@@ -1,5 +1,5 @@
 """The status view's per-user counts (tasks/status.yml), as exact integers from the counters' raw samples,
-and the usage report's tokens per user and day (tasks/usage.yml).
+the usage report's tokens per user and day (tasks/usage.yml), and a front gateway's view of its boxes.
 
 PromQL's increase() cannot give them: it extrapolates to the window's edges (3.03 requests) and only counts
 growth between two samples, so a series mtail creates at a user's first event (its first sample already 3)
@@ -208,12 +208,62 @@ def monitoring_usage_csv(rows: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _first(results: Any) -> float | None:
+    """The first sample's value of an instant-query result (a vector), or None when empty or not a number."""
+    try:
+        value = float((results or [])[0]["value"][1])
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _count(results: Any) -> int | None:
+    """``_first`` for a gauge of whole requests (running, waiting): an int, None when absent."""
+    value = _first(results)
+    return None if value is None else round(value)
+
+
+def monitoring_fleet_rows(boxes: Any, healthy: Any, statuses: Any = None) -> list[dict[str, Any]]:
+    """A front gateway's status view of its boxes, one row per box in the pool's order.
+
+    ``boxes``: ``[{"box": name, "upstream": "host:port", "max_inflight": int}, ...]`` (the front's pool);
+    ``healthy``: the front Prometheus's ``caddy_reverse_proxy_upstreams_healthy`` vector (label
+    ``upstream``, value 1 healthy or 0 not: Caddy's own health checks); ``statuses``: ``{name:
+    monitoring_status}`` for the boxes whose own Prometheus was read in the same run (the status entry
+    point's results by figure name), others left out.
+
+    Output per box: ``box``, ``upstream``, ``max_inflight`` (sequences), ``healthy`` (True, False, or None
+    when the front has no sample for it), and from the box's own status, None where absent: ``running`` and
+    ``waiting`` (requests), ``kv_cache_usage`` (fraction 0-1), ``ttft_p95`` (seconds), ``engine_up`` (bool).
+    Raises nothing on missing keys.
+    """
+    by_upstream = {}
+    for row in healthy or []:
+        upstream = str((row.get("metric") or {}).get("upstream", ""))
+        value = _first([row])
+        if value is not None:
+            by_upstream[upstream] = value >= 1
+    rows = []
+    for box in boxes or []:
+        own = (statuses or {}).get(box.get("box")) or {}
+        up = _first(own.get("engine_up"))
+        rows.append({
+            "box": box.get("box"), "upstream": box.get("upstream"), "max_inflight": box.get("max_inflight"),
+            "healthy": by_upstream.get(str(box.get("upstream"))),
+            "engine_up": None if up is None else up >= 1,
+            "running": _count(own.get("running")), "waiting": _count(own.get("waiting")),
+            "kv_cache_usage": _first(own.get("kv_cache_usage")), "ttft_p95": _first(own.get("ttft_p95")),
+        })
+    return rows
+
+
 class FilterModule:
     """Ansible filter plugin entry point."""
 
     def filters(self) -> dict:
         """Map filter names to functions."""
         return {"monitoring_counter_counts": monitoring_counter_counts,
+                "monitoring_fleet_rows": monitoring_fleet_rows,
                 "monitoring_duration_days": monitoring_duration_days,
                 "monitoring_usage_boundaries": monitoring_usage_boundaries,
                 "monitoring_usage_reset_days": monitoring_usage_reset_days,
