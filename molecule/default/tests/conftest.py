@@ -86,10 +86,20 @@ def engine_metrics(host) -> dict[str, float]:
     return values
 
 
+def engine_container(host) -> dict:
+    """The engine container as `docker inspect vllm` describes it on `host` (a testinfra host)."""
+    return json.loads(host.check_output("docker inspect vllm"))[0]
+
+
+def engine_cmd(host) -> list[str]:
+    """The engine's argv after the image's entry point (vLLM's flags as deployed)."""
+    return engine_container(host)["Config"]["Cmd"]
+
+
 def engine_identity(host) -> tuple:
     """The engine container's ID, start time, main PID and restart count: one of them changes when anything
     restarts or replaces it."""
-    state = json.loads(host.check_output("docker inspect vllm"))[0]
+    state = engine_container(host)
     return state["Id"], state["State"]["StartedAt"], state["State"]["Pid"], state["RestartCount"]
 
 

@@ -24,7 +24,16 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import testinfra
-from conftest import CACHE, REPO, ansible_playbook, engine_identity, users_play, vault_view
+from conftest import (
+    CACHE,
+    REPO,
+    ansible_playbook,
+    engine_cmd,
+    engine_container,
+    engine_identity,
+    users_play,
+    vault_view,
+)
 
 from teamserve_capacity.planner import user_inflight_share
 
@@ -53,7 +62,7 @@ def base_url(testbed_vars: dict) -> str:
 
 def engine_flag(host, flag: str) -> int:
     """A flag of the running engine container's command line (the plan's value, as deployed)."""
-    cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
+    cmd = engine_cmd(host)
     return int(cmd[cmd.index(f"--{flag}") + 1])
 
 
@@ -219,7 +228,7 @@ def test_per_request_ceilings_come_from_the_plan(host, testbed_vars, keys, gatew
     flags = {"max-model-len": engine_flag(host, "max-model-len"), "max-num-seqs": engine_flag(host, "max-num-seqs")}
     plan = {"flags": flags, "admission": {"user_max_inflight": user_inflight_share(flags["max-num-seqs"])}}
     ceilings = checks.vllm_ceilings(plan, testbed_vars["vllm_workload"], testbed_vars.get("vllm_max_output_tokens", 0))
-    container = json.loads(host.check_output("docker inspect vllm"))[0]
+    container = engine_container(host)
     env = dict(item.split("=", 1) for item in container["Config"]["Env"])
     assert int(env["VLLM_MAX_N_SEQUENCES"]) == ceilings["max_n"] == max(1, flags["max-num-seqs"] // 4)
     assert int(env["VLLM_MAX_COMPLETION_PROMPTS"]) == ceilings["max_completion_prompts"]
@@ -315,7 +324,7 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
     spans, paused between them: while it runs, the CPU engine starves the API server and the clients,
     which would otherwise get all its output in one late burst, whatever the order it was made in."""
     seqs = engine_flag(host, "max-num-seqs")
-    cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
+    cmd = engine_cmd(host)
     assert cmd[cmd.index("--scheduling-policy") + 1] == "priority"
     alice = next(u for u in testbed_vars["caddy_users"] if u["name"] == "alice")
     assert alice["max_inflight"] == seqs  # she can fill the batch alone

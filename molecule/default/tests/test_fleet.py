@@ -18,7 +18,7 @@ import openai
 import pytest
 import testinfra
 import yaml
-from conftest import CACHE, GROUP_VARS
+from conftest import CACHE, GROUP_VARS, engine_cmd
 
 testinfra_hosts = ["ansible://teamserve-front"]
 
@@ -38,7 +38,7 @@ def served(box) -> int:
 
 def box_a_batch() -> int:
     """teamserve-box's --max-num-seqs as deployed (its plan's batch: the front's cap for it)."""
-    cmd = json.loads(BOX_A.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
+    cmd = engine_cmd(BOX_A)
     return int(cmd[cmd.index("--max-num-seqs") + 1])
 
 

@@ -22,7 +22,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import testinfra
-from conftest import GROUP_VARS, engine_identity, engine_metrics, vault_view
+from conftest import GROUP_VARS, engine_cmd, engine_identity, engine_metrics, vault_view
 
 testinfra_hosts = ["ansible://teamserve-box"]
 # The same box through `docker exec`: a read of the engine's counters in a fraction of the ansible
@@ -111,7 +111,7 @@ def test_disconnects_stop_the_engine(host, testbed_vars, keys, gateway_verify):
     and on a loaded machine a hang-up took longer than that to reach the engine. Once it runs again, the
     engine must generate (almost) nothing for them; kept open instead, the same streams generate every token
     (measured: 0 of 6,000 against 6,000 of 6,000)."""
-    cmd = json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"]
+    cmd = engine_cmd(host)
     default = max(1, int(cmd[cmd.index("--max-num-seqs") + 1]) // 4)  # roles/caddy caddy_user_max_inflight
     per_stream = stream_tokens(cmd)
     caps = {u["name"]: u.get("max_inflight", default) for u in testbed_vars["caddy_users"]}
@@ -245,7 +245,7 @@ def test_tokens_counted_per_user_equal_the_engines_usage(host, testbed_vars, key
 
     # A stream its client cuts short never gets to its usage chunk: it is counted from the running usage
     # (continuous_usage_stats) the gateway asks the engine for and takes out of every chunk.
-    whole = stream_tokens(json.loads(host.check_output("docker inspect vllm"))[0]["Config"]["Cmd"])
+    whole = stream_tokens(engine_cmd(host))
     started = time.time()
     cut = client.chat.completions.create(model="tiny", stream=True, max_tokens=LONG, extra_body={"ignore_eos": True},
                                          messages=[{"role": "user", "content": "Count."}])

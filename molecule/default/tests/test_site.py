@@ -15,7 +15,7 @@ import time
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import testinfra
-from conftest import REPO, ansible_playbook, json_callback_document
+from conftest import REPO, ansible_playbook, engine_container, json_callback_document
 
 testinfra_hosts = ["ansible://teamserve-box"]
 
@@ -34,10 +34,6 @@ def curl_status(client, url: str, key: str | None = None) -> str:
     header = f"-H 'Authorization: Bearer {key}'" if key else ""
     out = client.run(f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time 5 {header} {url}")
     return out.stdout.strip()
-
-
-def engine_container(host) -> dict:
-    return json.loads(host.check_output("docker inspect vllm"))[0]
 
 
 def test_services_are_active(host):

@@ -30,7 +30,7 @@ import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import openai
 import pytest
 import yaml
-from conftest import GATEWAY, GATEWAY_CA, GatewayWatcher, ansible_playbook
+from conftest import GATEWAY, GATEWAY_CA, GatewayWatcher, ansible_playbook, engine_container
 
 from teamserve_capacity import sweep
 
@@ -86,10 +86,6 @@ def run_upgrade() -> subprocess.CompletedProcess:
     return ansible_playbook(PROJECT / "playbooks" / "upgrade.yml")
 
 
-def engine(host) -> dict:
-    return json.loads(host.check_output("docker inspect vllm"))[0]
-
-
 def sweeps(host) -> list:
     content = host.file("/var/lib/teamserve/sweeps.jsonl")
     return [json.loads(line) for line in content.content_string.splitlines()] if content.exists else []
@@ -137,7 +133,7 @@ def box_now(host) -> dict:
     """What an upgrade starts from: the running engine, the box's record (its pins and engine plan), the
     upgrade history and the cold starts measured so far."""
     record = deployed(host)
-    return {"engine": engine(host), "pins": record["pins"], "history": history(host), "recorded_engine": record["engine"],
+    return {"engine": engine_container(host), "pins": record["pins"], "history": history(host), "recorded_engine": record["engine"],
             "cold_starts": host.file("/var/lib/teamserve/cold-start.jsonl").content_string}
 
 
@@ -152,13 +148,13 @@ def before(host, engine_as_converged) -> dict:
 @pytest.fixture(scope="module")
 def release_refused(host, before) -> dict:
     """First pin vLLM 0.31.0 with a flag only 0.32.0 has (--grpc-port): the preflight refuses it."""
-    running = engine(host)
+    running = engine_container(host)
     set_pin(before["pins"]["vllm_image_digest"], vllm_version="0.31.0", vllm_extra_args=["--grpc-port", "50051"])
     try:
         result = run_upgrade()
     finally:
         set_pin(before["pins"]["vllm_image_digest"])
-    return {"result": result, "running": running, "engine": engine(host), "pins": deployed_pins(host),
+    return {"result": result, "running": running, "engine": engine_container(host), "pins": deployed_pins(host),
             "history": history(host)}
 
 
@@ -188,7 +184,7 @@ def previous_release(host, release_refused, keys) -> dict:
     records = [json.loads(line) for line in host.file("/var/lib/teamserve/cold-start.jsonl").content_string.splitlines()]
     return {"result": result, "seconds": seconds, "digest": digest, "version": version, "front": front.stop(),
             "restarts_measured": len([r for r in records if r["trigger"] == "restart"]) - restarts,
-            "engine": engine(host), "recorded": deployed(host), "served": served_version(keys["alice"]),
+            "engine": engine_container(host), "recorded": deployed(host), "served": served_version(keys["alice"]),
             "history": history(host)}
 
 
@@ -246,7 +242,7 @@ def healthy_upgrade(host, before, previous_release, keys) -> dict:
     return {"result": result, "seconds": time.monotonic() - started, "digest": before["pins"]["vllm_image_digest"],
             "seen": watcher.stop(), "front": front.stop(), "front_unserved": front.unserved,
             "box_502": host.run("grep -h '\"status\":502' /var/log/caddy/access.log | tail -n 5").stdout,
-            "engine": engine(host), "pins": deployed_pins(host),
+            "engine": engine_container(host), "pins": deployed_pins(host),
             "history": history(host), "recorded_before": recorded_before, "recorded_after": deployed(host)["engine"],
             "served": served_version(keys["alice"])}
 
@@ -269,7 +265,7 @@ def broken_upgrade(host, before, healthy_upgrade, keys) -> dict:
     finally:
         set_pin(before["pins"]["vllm_image_digest"])  # what the admin does after a rollback
     return {"result": result, "seconds": time.monotonic() - started, "seen": watcher.stop(), "health": watcher.health,
-            "engine": engine(host), "pins": deployed_pins(host), "history": history(host), "prior": prior}
+            "engine": engine_container(host), "pins": deployed_pins(host), "history": history(host), "prior": prior}
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +281,7 @@ def slow_upgrade(host, broken_upgrade, before) -> dict:
         result = run_upgrade()
     finally:
         set_pin(before["pins"]["vllm_image_digest"])
-    return {"result": result, "seconds": time.monotonic() - started, "engine": engine(host),
+    return {"result": result, "seconds": time.monotonic() - started, "engine": engine_container(host),
             "pins": deployed_pins(host), "history": history(host), "sweeps": sweeps(host)}
 
 
