@@ -273,7 +273,7 @@ def rendered_front(tmp_path_factory) -> dict[str, pathlib.Path]:
     """The role's templates rendered for a front gateway (no engine, no plan): its boxes as front.yml passes them."""
     tmp = tmp_path_factory.mktemp("monitoring-front")
     front = {"caddy_metrics_url": "http://127.0.0.1:2020/metrics", "caddy_access_log_path": "/var/log/caddy/access.log",
-             "monitoring_dcgm_exporter_enabled": False, "monitoring_front_boxes": FRONT_BOXES}
+             "monitoring_dcgm_exporter_enabled": False, "monitoring_front": True, "monitoring_front_boxes": FRONT_BOXES}
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     run_cases(tmp, {"front": {**defaults, **front}}, RENDER.format(role=ROLE))
     return {kind: tmp / f"front.{kind}" for kind in ("rules.yml", "prometheus.yml", "alertmanager.yml", "prom")}
@@ -428,11 +428,16 @@ REFUSALS = {
                             "monitoring_engine_metrics_url=http://10.0.0.5:8000/metrics and .* must be http:// URLs on loopback"),
     "no_plan": ({"vllm_plan": {}}, r"monitoring_plan must be the capacity plan .*got keys \[\]"),
     "port_clash": ({"monitoring_mtail_port": 9090}, r"ports \[9090, 9093, 9100, 9090, 9400\] must be distinct"),
-    "ok_front": ({"vllm_plan": {}, "vllm_engine_url": "", "monitoring_front_boxes": FRONT_BOXES}, None),
-    "front_box_without_url": ({"vllm_plan": {}, "monitoring_front_boxes": [{"name": "b", "url": "10.0.0.11:8443",
-                                                                          "max_inflight": 4}]},
-                              r"monitoring_front_boxes makes this host a front gateway, which needs each box's "
-                              r"gateway URL \(https://host:port; got \['10.0.0.11:8443'\]\)"),
+    "ok_front": ({"vllm_plan": {}, "vllm_engine_url": "", "monitoring_front": True,
+                  "monitoring_front_boxes": FRONT_BOXES}, None),
+    "front_box_without_url": ({"vllm_plan": {}, "monitoring_front": True,
+                               "monitoring_front_boxes": [{"name": "b", "url": "10.0.0.11:8443", "max_inflight": 4}]},
+                              r"monitoring_front makes this host a front gateway, which needs the boxes it balances "
+                              r"over \(monitoring_front_boxes, each with its gateway's https://host:port; got "
+                              r"\['10.0.0.11:8443'\]\)"),
+    # A front whose pool came out empty is not taken for a box (which would ask for an engine and a plan).
+    "front_without_boxes": ({"vllm_plan": {}, "vllm_engine_url": "", "monitoring_front": True},
+                            r"monitoring_front makes this host a front gateway, which needs the boxes .*got \[\]\)"),
     "dcgm_without_digest": ({"monitoring_dcgm_exporter_enabled": True},
                             "monitoring_dcgm_exporter_image=.*must name NVIDIA's DCGM exporter by tag and digest"
                             ".*monitoring_dcgm_exporter_enabled: false"),

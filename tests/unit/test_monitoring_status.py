@@ -160,8 +160,8 @@ FLEET_PLAY = """
         name: monitoring
         tasks_from: status
 
-- name: Then the front
-  hosts: front
+- name: Then the fronts
+  hosts: front:front-without-pool
   gather_facts: false
   tasks:
     - name: Run the status entry point
@@ -178,7 +178,8 @@ def test_the_front_shows_each_boxs_health_beside_the_boxs_own_figures(tmp_path, 
     boxes = [{"name": "box", "url": "https://10.0.0.10:8443", "max_inflight": 8},
              {"name": "box-b", "url": "https://10.0.0.11:8443", "max_inflight": 4}]
     (tmp_path / "inventory.yml").write_text(json.dumps({"all": {"hosts": {
-        "box": common, "front": {**common, "monitoring_front_boxes": boxes}}}}))
+        "box": common, "front": {**common, "monitoring_front": True, "monitoring_front_boxes": boxes},
+        "front-without-pool": {**common, "monitoring_front": True}}}}))
     (tmp_path / "play.yml").write_text(FLEET_PLAY)
     env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.json",
@@ -202,6 +203,11 @@ def test_the_front_shows_each_boxs_health_beside_the_boxs_own_figures(tmp_path, 
     assert not [line for line in printed if line.startswith("Engine up")]  # the front has no engine
     assert "  carol: 8 requests; 900 prompt + 50 completion tokens; 3 rate_limit_exceeded" in printed
     assert set(asked) == {f"{AT}"}
+    # A front with no recorded pool still shows a front's view, and says what is missing.
+    bare = {t["task"]["name"].split(" : ")[-1]: t["hosts"]["front-without-pool"]
+            for t in json.loads(run.stdout)["plays"][1]["tasks"]}
+    assert "  (none recorded on the front: run site.yml)" in bare["Print the status"]["msg"]
+    assert not [line for line in bare["Print the status"]["msg"] if line.startswith("Engine up")]
 
 
 def test_fleet_rows_without_samples_say_so():

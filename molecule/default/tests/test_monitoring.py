@@ -162,7 +162,9 @@ def test_status_view_prints_what_prometheus_holds(host, keys):
              if "teamserve-front" in t["hosts"]}
     fleet = {row["box"]: row for row in front["Collect each box's figures"]["ansible_facts"]["monitoring_fleet"]}
     assert fleet["teamserve-box"]["healthy"] is True and fleet["teamserve-box"]["engine_up"] is True
-    assert fleet["teamserve-box"]["waiting"] == int(float(facts["monitoring_status"]["waiting"][0]["value"][1]))
+    for figure, expr in (("waiting", 'sum(vllm:num_requests_waiting{job="vllm"})'),
+                         ("running", 'sum(vllm:num_requests_running{job="vllm"})')):
+        assert fleet["teamserve-box"][figure] == round(float(query(host, expr, at)[0]["value"][1])), figure
     assert fleet["teamserve-box-b"]["healthy"] is True and fleet["teamserve-box-b"]["running"] is None
     front_printed = front["Print the status"]["msg"]
     assert "Gateway up:             yes" in front_printed
