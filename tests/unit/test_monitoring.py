@@ -71,7 +71,6 @@ def plan() -> dict:
 @pytest.fixture(scope="module")
 def rendered(plan, tmp_path_factory) -> dict[str, pathlib.Path]:
     """The role's four templates rendered for one box by ansible-playbook, by file kind."""
-    tmp = tmp_path_factory.mktemp("monitoring")
     box = {
         "vllm_plan": plan, "vllm_engine_url": "http://127.0.0.1:8000",
         "caddy_metrics_url": "http://127.0.0.1:2020/metrics", "caddy_access_log_path": "/var/log/caddy/access.log",
@@ -84,10 +83,15 @@ def rendered(plan, tmp_path_factory) -> dict[str, pathlib.Path]:
         "monitoring_alertmanager_smtp": {"smarthost": "mail.example.org:587", "from": "teamserve@example.org",
                                          "auth_username": "teamserve", "auth_password": "not-a-real-password"},
     }
-    # The role's defaults as host variables, below the box's own (play vars_files would override them).
+    return render(tmp_path_factory.mktemp("monitoring"), "box", box)
+
+
+def render(tmp: pathlib.Path, name: str, host_vars: dict) -> dict[str, pathlib.Path]:
+    """The role's four templates rendered by ansible-playbook for one host `name` with `host_vars` over the
+    role's defaults (as host variables: play vars_files would override them), by file kind."""
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    run_cases(tmp, {"box": {**defaults, **box}}, RENDER.format(role=ROLE))
-    return {kind: tmp / f"box.{kind}" for kind in ("rules.yml", "prometheus.yml", "alertmanager.yml", "prom")}
+    run_cases(tmp, {name: {**defaults, **host_vars}}, RENDER.format(role=ROLE))
+    return {kind: tmp / f"{name}.{kind}" for kind in ("rules.yml", "prometheus.yml", "alertmanager.yml", "prom")}
 
 
 def test_promtool_and_amtool_accept_the_rendered_files(rendered, tmp_path):
@@ -271,12 +275,9 @@ FRONT_BOXES = [{"name": "teamserve-box", "url": "https://10.0.0.10:8443", "max_i
 @pytest.fixture(scope="module")
 def rendered_front(tmp_path_factory) -> dict[str, pathlib.Path]:
     """The role's templates rendered for a front gateway (no engine, no plan): its boxes as front.yml passes them."""
-    tmp = tmp_path_factory.mktemp("monitoring-front")
     front = {"caddy_metrics_url": "http://127.0.0.1:2020/metrics", "caddy_access_log_path": "/var/log/caddy/access.log",
              "monitoring_dcgm_exporter_enabled": False, "monitoring_front": True, "monitoring_front_boxes": FRONT_BOXES}
-    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    run_cases(tmp, {"front": {**defaults, **front}}, RENDER.format(role=ROLE))
-    return {kind: tmp / f"front.{kind}" for kind in ("rules.yml", "prometheus.yml", "alertmanager.yml", "prom")}
+    return render(tmp_path_factory.mktemp("monitoring-front"), "front", front)
 
 
 def test_a_front_watches_its_gateway_and_boxes_not_an_engine(rendered_front, tmp_path):

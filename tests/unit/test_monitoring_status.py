@@ -114,13 +114,14 @@ STATUS_PLAY = """
 """
 
 
-def run_status(tmp_path: pathlib.Path, port: int) -> tuple[dict, list[str]]:
-    """status.yml's entry point against the stand-in at AT, through ansible-playbook with the json callback.
-    Returns (the published facts, the printed lines)."""
-    (tmp_path / "inventory.yml").write_text(json.dumps({"all": {"hosts": {"box": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-        "monitoring_prometheus_port": port, "monitoring_status_time": f"{AT}"}}}}))
-    (tmp_path / "play.yml").write_text(STATUS_PLAY)
+def run_plays(tmp_path: pathlib.Path, port: int, hosts: dict[str, dict], playbook: str) -> list[dict]:
+    """`playbook` against the stand-in at AT, through ansible-playbook with the json callback, one inventory
+    host per entry of `hosts` (its variables). Returns the json callback's plays."""
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+              "monitoring_prometheus_port": port, "monitoring_status_time": f"{AT}"}
+    (tmp_path / "inventory.yml").write_text(json.dumps({"all": {"hosts": {
+        name: {**common, **variables} for name, variables in hosts.items()}}}))
+    (tmp_path / "play.yml").write_text(playbook)
     env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.json",
            "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
@@ -128,7 +129,18 @@ def run_status(tmp_path: pathlib.Path, port: int) -> tuple[dict, list[str]]:
                           str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml")],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    tasks = {t["task"]["name"].split(" : ")[-1]: t["hosts"]["box"] for t in json.loads(run.stdout)["plays"][0]["tasks"]}
+    plays: list[dict] = json.loads(run.stdout)["plays"]
+    return plays
+
+
+def tasks_of(play: dict, host: str) -> dict[str, dict]:
+    """One host's task results in a play, by task name without the role."""
+    return {t["task"]["name"].split(" : ")[-1]: t["hosts"][host] for t in play["tasks"] if host in t["hosts"]}
+
+
+def run_status(tmp_path: pathlib.Path, port: int) -> tuple[dict, list[str]]:
+    """status.yml's entry point on one box. Returns (the published facts, the printed lines)."""
+    tasks = tasks_of(run_plays(tmp_path, port, {"box": {}}, STATUS_PLAY)[0], "box")
     return tasks["Collect the figures"]["ansible_facts"], tasks["Print the status"]["msg"]
 
 
@@ -150,45 +162,17 @@ def test_the_status_view_prints_exact_counts_at_one_instant(tmp_path, prometheus
     assert set(asked) == {f"{AT}"}  # every figure read at the one instant
 
 
-FLEET_PLAY = """
-- name: Read each box first, as playbooks/status.yml does
-  hosts: box
-  gather_facts: false
-  tasks:
-    - name: Run the status entry point
-      ansible.builtin.include_role:
-        name: monitoring
-        tasks_from: status
-
-- name: Then the fronts
-  hosts: front:front-without-pool
-  gather_facts: false
-  tasks:
-    - name: Run the status entry point
-      ansible.builtin.include_role:
-        name: monitoring
-        tasks_from: status
-"""
+# Each box first, then the fronts, as playbooks/status.yml runs them.
+FLEET_PLAY = "".join(STATUS_PLAY.replace("hosts: all", f"hosts: {hosts}") for hosts in ("box", "front:front-without-pool"))
 
 
 def test_the_front_shows_each_boxs_health_beside_the_boxs_own_figures(tmp_path, prometheus):
     port, asked = prometheus
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-              "monitoring_prometheus_port": port, "monitoring_status_time": f"{AT}"}
     boxes = [{"name": "box", "url": "https://10.0.0.10:8443", "max_inflight": 8},
              {"name": "box-b", "url": "https://10.0.0.11:8443", "max_inflight": 4}]
-    (tmp_path / "inventory.yml").write_text(json.dumps({"all": {"hosts": {
-        "box": common, "front": {**common, "monitoring_front": True, "monitoring_front_boxes": boxes},
-        "front-without-pool": {**common, "monitoring_front": True}}}}))
-    (tmp_path / "play.yml").write_text(FLEET_PLAY)
-    env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.json",
-           "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    run = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i",
-                          str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml")],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    tasks = {t["task"]["name"].split(" : ")[-1]: t["hosts"]["front"] for t in json.loads(run.stdout)["plays"][1]["tasks"]}
+    plays = run_plays(tmp_path, port, {"box": {}, "front": {"monitoring_front": True, "monitoring_front_boxes": boxes},
+                                       "front-without-pool": {"monitoring_front": True}}, FLEET_PLAY)
+    tasks = tasks_of(plays[1], "front")
     fleet = tasks["Collect each box's figures"]["ansible_facts"]["monitoring_fleet"]
     assert fleet == [
         {"box": "box", "upstream": "10.0.0.10:8443", "max_inflight": 8, "healthy": True, "engine_up": True,
@@ -204,8 +188,7 @@ def test_the_front_shows_each_boxs_health_beside_the_boxs_own_figures(tmp_path, 
     assert "  carol: 8 requests; 900 prompt + 50 completion tokens; 3 rate_limit_exceeded" in printed
     assert set(asked) == {f"{AT}"}
     # A front with no recorded pool still shows a front's view, and says what is missing.
-    bare = {t["task"]["name"].split(" : ")[-1]: t["hosts"]["front-without-pool"]
-            for t in json.loads(run.stdout)["plays"][1]["tasks"]}
+    bare = tasks_of(plays[1], "front-without-pool")
     assert "  (none recorded on the front: run site.yml)" in bare["Print the status"]["msg"]
     assert not [line for line in bare["Print the status"]["msg"] if line.startswith("Engine up")]
 
