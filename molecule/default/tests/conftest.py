@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
 
 import httpx2 as httpx  # the HTTP client openai 3.x is built on
 import pytest
@@ -84,6 +85,17 @@ def engine_metrics(host) -> dict[str, float]:
             name, value = line.split("{")[0].split(" ")[0], line.rsplit(" ", 1)[1]
             values[name] = values.get(name, 0.0) + float(value)
     return values
+
+
+def prometheus_query(host, expr: str, at: float | None = None) -> list[dict]:
+    """Prometheus's instant-query result for `expr` (at Unix time `at`, or now), read on `host`'s loopback
+    (a box or the front: each runs its own Prometheus on 127.0.0.1:9090)."""
+    params = {"query": expr, **({"time": f"{at}"} if at is not None else {})}
+    out = host.check_output("curl -sf %s", "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode(params))
+    body = json.loads(out)
+    assert body["status"] == "success", body
+    result: list[dict] = body["data"]["result"]
+    return result
 
 
 def engine_container(host) -> dict:

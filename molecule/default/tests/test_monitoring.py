@@ -11,12 +11,11 @@ import pathlib
 import re
 import sys
 import time
-import urllib.parse
 
 import httpx2 as httpx
 import pytest
 import testinfra
-from conftest import GATEWAY, GATEWAY_CA, REPO, ansible_playbook, json_callback_document
+from conftest import GATEWAY, GATEWAY_CA, REPO, ansible_playbook, json_callback_document, prometheus_query
 
 sys.path.insert(0, str(REPO))
 from tests.promql import dashboard_queries, metric_names  # noqa: E402
@@ -27,15 +26,6 @@ WAN_CLIENT = testinfra.get_host("docker://teamserve-wan-client")
 MONITORING_PORTS = (9090, 9093, 9094, 9100, 3903, 2020)  # Prometheus, Alertmanager (web, cluster), node, mtail, Caddy
 WEBHOOK = REPO / "tests" / "testbed" / "webhook_receiver.py"
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "grafana" / "teamserve-dashboard.json"
-
-
-def query(host, expr: str, at: float | None = None) -> list[dict]:
-    """Prometheus's instant-query result for `expr` (at Unix time `at`, or now), read on the box."""
-    params = {"query": expr, **({"time": f"{at}"} if at is not None else {})}
-    out = host.check_output("curl -sf %s", "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode(params))
-    body = json.loads(out)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
 
 
 # Series that must be present once the box has served a request. Caddy's appear only after a request
@@ -54,14 +44,14 @@ def test_prometheus_holds_engine_gateway_host_and_per_user_series(host, keys):
         assert http.get(GATEWAY + "/v1/models", headers={"Authorization": "Bearer sk-ts-unknown"}).status_code == 401
     deadline = time.monotonic() + 60  # 12 scrapes at the testbed's 5 s interval
     while True:
-        up = {r["metric"]["job"]: r["value"][1] for r in query(host, "up")}
-        missing = [expr for expr in EXPECTED_SERIES if not query(host, expr)]
+        up = {r["metric"]["job"]: r["value"][1] for r in prometheus_query(host, "up")}
+        missing = [expr for expr in EXPECTED_SERIES if not prometheus_query(host, expr)]
         if (all(up.get(job) == "1" for job in JOBS) and not missing) or time.monotonic() > deadline:
             break
         time.sleep(3)
     assert up == dict.fromkeys(JOBS, "1")
     assert not missing, f"Prometheus has none of {missing} 60 s after the requests"
-    (plan_avg,) = query(host, "teamserve_plan_avg_context_tokens")
+    (plan_avg,) = prometheus_query(host, "teamserve_plan_avg_context_tokens")
     assert float(plan_avg["value"][1]) == 1000  # the testbed workload's avg_context_tokens, through the plan
 
 
@@ -100,7 +90,7 @@ def test_context_creep_alert_reaches_the_webhook(host, keys, webhook):
                 break
             time.sleep(3)
     alerts = firing(received)
-    assert alerts, f"no firing context-creep alert posted ({received}); Prometheus says {query(host, 'ALERTS')}"
+    assert alerts, f"no firing context-creep alert posted ({received}); Prometheus says {prometheus_query(host, 'ALERTS')}"
     assert "the plan assumed 1000" in alerts[0]["annotations"]["summary"]
     assert alerts[0]["annotations"]["runbook"]
 
@@ -109,15 +99,15 @@ def test_status_view_prints_what_prometheus_holds(host, keys):
     """A burst of 429s (carol's 5/1m limit) is shown as rate_limit_exceeded refusals, however new the series,
     and every per-user count is an integer equal to what Prometheus holds at the view's instant."""
     refusals = 'teamserve_gateway_refusals_total{user="carol",kind="rate_limit_exceeded"}'
-    held_before = sum(float(r["value"][1]) for r in query(host, refusals))
+    held_before = sum(float(r["value"][1]) for r in prometheus_query(host, refusals))
     with httpx.Client(verify=str(GATEWAY_CA), timeout=30) as http:
         answers = [http.get(GATEWAY + "/v1/models", headers={"Authorization": f"Bearer {keys['carol']}"}).status_code
                    for _ in range(8)]
     limited = answers.count(429)
     assert limited >= 3, answers
     deadline = time.monotonic() + 60  # mtail counts the log lines, Prometheus scrapes them every 5 s
-    while sum(float(r["value"][1]) for r in query(host, refusals)) < held_before + limited:
-        assert time.monotonic() < deadline, f"Prometheus holds {query(host, refusals)} after {limited} 429s"
+    while sum(float(r["value"][1]) for r in prometheus_query(host, refusals)) < held_before + limited:
+        assert time.monotonic() < deadline, f"Prometheus holds {prometheus_query(host, refusals)} after {limited} 429s"
         time.sleep(2)
     run = ansible_playbook(REPO / "playbooks" / "status.yml", stdout_callback="ansible.builtin.json", timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
@@ -136,7 +126,7 @@ def test_status_view_prints_what_prometheus_holds(host, keys):
                        ("user_refusals_before", "last_over_time(teamserve_gateway_refusals_total[1h] offset 1h)"),
                        ("user_requests_samples", "teamserve_gateway_requests_total[1h]"),
                        ("user_requests_before", "last_over_time(teamserve_gateway_requests_total[1h] offset 1h)")):
-        assert facts["monitoring_status"][name] == query(host, expr, at), name
+        assert facts["monitoring_status"][name] == prometheus_query(host, expr, at), name
     counts = {(r["metric"]["user"], r["metric"]["kind"]): r["value"] for r in facts["monitoring_status"]["user_refusals"]}
     requests = {r["metric"]["user"]: r["value"] for r in facts["monitoring_status"]["user_requests"]}
     assert all(type(v) is int for v in [*counts.values(), *requests.values()])
@@ -145,10 +135,10 @@ def test_status_view_prints_what_prometheus_holds(host, keys):
     # Without a counter reset in the hour, a count is the counter's value now less its value before the hour.
     for user, kind in (("carol", "rate_limit_exceeded"), ("anonymous", "invalid_api_key")):
         series = f'teamserve_gateway_refusals_total{{user="{user}",kind="{kind}"}}'
-        if any(float(r["value"][1]) for r in query(host, f"resets({series}[1h])", at)):
+        if any(float(r["value"][1]) for r in prometheus_query(host, f"resets({series}[1h])", at)):
             continue
-        now = sum(float(r["value"][1]) for r in query(host, series, at))
-        before = sum(float(r["value"][1]) for r in query(host, f"last_over_time({series}[1h] offset 1h)", at))
+        now = sum(float(r["value"][1]) for r in prometheus_query(host, series, at))
+        before = sum(float(r["value"][1]) for r in prometheus_query(host, f"last_over_time({series}[1h] offset 1h)", at))
         assert counts.get((user, kind), 0) == round(now - before), (user, kind)
     assert f"carol: {requests['carol']} requests" in printed
     assert f"; {counts[('carol', 'rate_limit_exceeded')]} rate_limit_exceeded" in printed
@@ -164,7 +154,7 @@ def test_status_view_prints_what_prometheus_holds(host, keys):
     assert fleet["teamserve-box"]["healthy"] is True and fleet["teamserve-box"]["engine_up"] is True
     for figure, expr in (("waiting", 'sum(vllm:num_requests_waiting{job="vllm"})'),
                          ("running", 'sum(vllm:num_requests_running{job="vllm"})')):
-        assert fleet["teamserve-box"][figure] == round(float(query(host, expr, at)[0]["value"][1])), figure
+        assert fleet["teamserve-box"][figure] == round(float(prometheus_query(host, expr, at)[0]["value"][1])), figure
     assert fleet["teamserve-box-b"]["healthy"] is True and fleet["teamserve-box-b"]["running"] is None
     front_printed = front["Print the status"]["msg"]
     assert "Gateway up:             yes" in front_printed
