@@ -315,6 +315,9 @@ def test_a_box_failing_the_fronts_health_checks_pages_after_a_cold_starts_budget
             {"series": 'caddy_reverse_proxy_upstreams_healthy{upstream="10.0.0.11:8443"}', "values": "1x4 0x60"},
             {"series": info.format("teamserve-box", "10.0.0.10:8443"), "values": "1x65"},
             {"series": info.format("teamserve-box-b", "10.0.0.11:8443"), "values": "1x65"},
+            # The same textfile under a second instance (Debian's default config until the role's replaces it).
+            {"series": info.format("teamserve-box-b", "10.0.0.11:8443")[:-1] + ',instance="localhost:9100"}',
+             "values": "1x65"},
         ],
         "alert_rule_test": [
             _alert("TeamserveBoxUnhealthy", "15m"),  # within the cold-start budget (900 s): no page

@@ -18,7 +18,7 @@ import openai
 import pytest
 import testinfra
 import yaml
-from conftest import CACHE, GROUP_VARS, engine_cmd
+from conftest import CACHE, GROUP_VARS, engine_cmd, prometheus_query
 
 testinfra_hosts = ["ansible://teamserve-front"]
 
@@ -69,16 +69,8 @@ def test_the_front_has_the_firewall(host):
     assert host.service("nftables").is_enabled
 
 
-def front_query(host, expr: str) -> list[dict]:
-    """The front Prometheus's instant-query result for `expr` now, read on the front's loopback."""
-    out = host.check_output("curl -sfG http://127.0.0.1:9090/api/v1/query --data-urlencode %s", f"query={expr}")
-    body = json.loads(out)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
 def front_total(host, expr: str) -> float:
-    return sum(float(r["value"][1]) for r in front_query(host, expr))
+    return sum(float(r["value"][1]) for r in prometheus_query(host, expr))
 
 
 def test_the_front_counts_the_teams_usage_and_watches_its_boxes(host, keys):
@@ -97,15 +89,15 @@ def test_the_front_counts_the_teams_usage_and_watches_its_boxes(host, keys):
     assert completion > 0
     deadline = time.monotonic() + 60  # mtail reads the front's log, Prometheus scrapes it every 5 s
     while front_total(host, requests) < requests_before + 1 or front_total(host, tokens) < tokens_before + completion:
-        assert time.monotonic() < deadline, f"the front's Prometheus holds {front_query(host, requests)}, {front_query(host, tokens)}"
+        assert time.monotonic() < deadline, f"the front's Prometheus holds {prometheus_query(host, requests)}, {prometheus_query(host, tokens)}"
         time.sleep(2)
     assert front_total(host, tokens) == tokens_before + completion
-    up = {r["metric"]["job"]: r["value"][1] for r in front_query(host, "up")}
+    up = {r["metric"]["job"]: r["value"][1] for r in prometheus_query(host, "up")}
     assert up == dict.fromkeys(("caddy", "node", "mtail", "prometheus", "alertmanager"), "1")  # no engine here
     deadline = time.monotonic() + 60
-    while len(health := front_query(host, "caddy_reverse_proxy_upstreams_healthy * on (upstream) group_left (box) "
-                                          "teamserve_front_box_info")) < 2:
-        assert time.monotonic() < deadline, front_query(host, "caddy_reverse_proxy_upstreams_healthy")
+    while len(health := prometheus_query(host, "caddy_reverse_proxy_upstreams_healthy * on (upstream) group_left (box) "
+                                          "max by (upstream, box) (teamserve_front_box_info)")) < 2:
+        assert time.monotonic() < deadline, prometheus_query(host, "caddy_reverse_proxy_upstreams_healthy")
         time.sleep(2)
     assert {r["metric"]["box"]: r["value"][1] for r in health} == {"teamserve-box": "1", "teamserve-box-b": "1"}
     rules = json.loads(host.check_output("curl -sf http://127.0.0.1:9090/api/v1/rules"))["data"]["groups"]
