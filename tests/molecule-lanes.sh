@@ -90,9 +90,35 @@ run_lane() {
   return "$lane_rc"
 }
 
-# The first lane of a phase is the long one the phase waits for, and holds its timed checks; the lanes
-# beside it run at nice 10, so on 2 cores they take the CPU it leaves idle (engine starts, timed waits)
-# instead of half of it. Only the controller's side is niced: what runs inside the boxes is not.
+# A scenario's boxes (the platforms of its molecule.yml).
+boxes() {
+  python3 -c 'import sys, yaml; print(*[p["name"] for p in yaml.safe_load(open(sys.argv[1]))["platforms"]])' \
+    "molecule/$1/molecule.yml"
+}
+
+# Holds the boxes of a lane's scenarios at CPU weight $LANES_CPU_SHARES (Docker's --cpu-shares; its
+# default is 1024) as they are created and re-created, until killed.
+weigh_boxes() {
+  local item name scenario_boxes=() names=()
+  for item in ${1//,/ }; do
+    [ "${item%%:*}" = make ] && continue
+    read -r -a scenario_boxes <<< "$(boxes "${item%%:*}")"
+    names+=("${scenario_boxes[@]}")
+  done
+  while sleep 2; do
+    for name in "${names[@]}"; do
+      # 0: created with Docker's default; a box already weighed, or not there, is left alone
+      [ "$(docker inspect --format '{{.HostConfig.CpuShares}}' "$name" 2> /dev/null)" = 0 ] || continue
+      docker update --cpu-shares "$LANES_CPU_SHARES" "$name" > /dev/null 2>&1 || true
+    done
+  done
+}
+
+# The first lane of a phase is the long one the phase waits for, and holds its timed checks. The lanes
+# beside it run at low priority, so on 2 cores they take the CPU it leaves idle (engine starts, timed
+# waits) instead of half of it: their controller at nice 10, and their boxes, where each task's module
+# runs, at CPU weight 128 against the first lane's 1024 (its engine's is vllm_cpu_shares, 256).
+LANES_CPU_SHARES=${LANES_CPU_SHARES:-128}
 pids=()
 for lane in "$@"; do
   if [ "$lane" = -- ]; then
@@ -103,7 +129,15 @@ for lane in "$@"; do
   if [ "${#pids[@]}" -eq 0 ]; then
     run_lane "$lane" &
   else
-    (renice -n "${LANES_NICE:-10}" -p "$BASHPID" > /dev/null; run_lane "$lane") &
+    (
+      renice -n "${LANES_NICE:-10}" -p "$BASHPID" > /dev/null
+      weigh_boxes "$lane" &
+      weigher=$!
+      run_lane "$lane"
+      rc=$?
+      kill "$weigher" 2> /dev/null
+      exit "$rc"
+    ) &
   fi
   pids+=($!)
 done
