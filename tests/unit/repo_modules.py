@@ -1,7 +1,7 @@
 """Load the project's plugin and module files (roles/*/library, roles/*/filter_plugins, tests/testbed) by path:
 they are not importable packages; and plan the example inventory's profiles the way Ansible does. Shared by
-the unit, capacity and gateway tests. The shared module_utils/ files are registered as
-``ansible.module_utils.<name>``, where Ansible puts them for modules."""
+the unit, capacity and gateway tests. The project's collection (teamserve.core) is imported by its Python
+name, ansible_collections.teamserve.core (pyproject.toml puts collections/ on pytest's path)."""
 
 from __future__ import annotations
 
@@ -80,13 +80,3 @@ def trust(value: Any) -> Any:
     if isinstance(value, list):
         return [trust(v) for v in value]
     return value
-
-
-def _register_module_utils() -> None:
-    for path in sorted((REPO / "module_utils").glob("*.py")):
-        name = f"ansible.module_utils.{path.stem}"
-        if name not in sys.modules:
-            sys.modules[name] = load(name, str(path.relative_to(REPO)))
-
-
-_register_module_utils()

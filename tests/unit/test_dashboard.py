@@ -19,7 +19,9 @@ import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
-from repo_modules import load, trust
+from repo_modules import trust
+
+from ansible_collections.teamserve.core.plugins.module_utils import prometheus
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # tests.promql, as the molecule verifiers import it
@@ -29,7 +31,6 @@ ROLE = REPO / "roles" / "monitoring"
 DASHBOARD_FILE = ROLE / "files" / "grafana" / "teamserve-dashboard.json"
 GRAFANA_TASKS = ROLE / "tasks" / "grafana.yml"
 METRICS_AFTER = pathlib.Path(__file__).resolve().parent / "fixtures" / "verify" / "metrics-after.txt"
-prometheus = load("teamserve_prometheus_dashboard_test", "module_utils/teamserve_prometheus.py")
 
 
 # --- metric_names -----------------------------------------------------------------------------------

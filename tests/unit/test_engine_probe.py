@@ -7,6 +7,8 @@ import pathlib
 import yaml
 from repo_modules import load
 
+from ansible_collections.teamserve.core.plugins.module_utils import vllm_log as log
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 probe = load("vllm_engine_probe", "roles/vllm/library/vllm_engine_probe.py")
 
@@ -90,7 +92,6 @@ def test_lock_files_hold_exactly_the_lock_keys():
 
 
 # --- why an engine failed, from its log ---------------------------------------------------------------------
-log = load("teamserve_vllm_log", "module_utils/teamserve_vllm_log.py")
 
 ARGPARSE_LOG = """\
 2026-12-03T09:10:01.100000000Z usage: vllm serve [model_tag] [options]

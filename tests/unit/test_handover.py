@@ -1,5 +1,5 @@
 """The hand-over to a cluster engine: production-stack values from the planned argv
-(filter_plugins/teamserve_handover.py) and playbooks/handover.yml on the example inventory."""
+(playbooks/filter_plugins/teamserve_handover.py) and playbooks/handover.yml on the example inventory."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ansible.plugins.filter.core import to_nice_yaml
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from repo_modules import REPO, load
 
-handover = load("teamserve_handover", "filter_plugins/teamserve_handover.py")
+handover = load("teamserve_handover", "playbooks/filter_plugins/teamserve_handover.py")
 vllm_argv = load("vllm_argv", "roles/vllm/filter_plugins/vllm_argv.py")
 
 DIGEST = "sha256:" + "ab" * 32

@@ -17,10 +17,11 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from repo_modules import REPO, load
 
+from ansible_collections.teamserve.core.plugins.filter import bench
+from ansible_collections.teamserve.core.plugins.filter import sweep as sweep_filters
 from teamserve_capacity import plan
 
 FIX = pathlib.Path(__file__).resolve().parent / "fixtures" / "verify"
-checks = load("teamserve_verify_filters_sweep", "filter_plugins/teamserve_verify.py")
 sampler = load("bench_sampler", "roles/teamserve_verify/files/bench_sampler.py")
 TESTBED = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())
 MODEL = dict(TESTBED["vllm_model"], revision="ef486eba9ff0b47394b3d9daf8a30e736bf68ef8")
@@ -89,7 +90,7 @@ def test_sampler_records_the_engine_while_the_command_runs(metrics, tmp_path):
     kept = {line.split("{")[0] for s in sampled["samples"] for line in s["lines"].splitlines()}
     assert kept == {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"}
     assert "vllm:prefix_cache_hits_total" in sampled["before"] and "vllm:prefix_cache_hits_total" in sampled["after"]
-    during = checks.engine_during(sampled)
+    during = bench.engine_during(sampled)
     last = metrics.scrapes - 1  # the after scrape is not a sample
     assert during["kv_cache_usage_peak"] == pytest.approx(min(last, 9) / 100)
     assert during["waiting_peak"] == 3 and during["running_peak"] is None  # running was not kept
@@ -110,36 +111,36 @@ def test_sampler_records_an_engine_that_goes_away_instead_of_stopping(tmp_path):
     assert any("lines" in s for s in result["samples"]) and any("error" in s for s in result["samples"])
     assert result["samples"][-1]["error"].startswith("after: ")
     with pytest.raises(AnsibleFilterError, match="did the engine stop"):
-        checks.bench_step(1, json.loads((FIX / "bench-c8.json").read_text()), result, 0.3)
+        bench.bench_step(1, json.loads((FIX / "bench-c8.json").read_text()), result, 0.3)
 
 
 def test_engine_during_real_scrapes_and_bad_input():
     sampled = {"before": BEFORE, "after": AFTER, "seconds": 1.0,
                "samples": [{"t": 0.1, "lines": 'vllm:kv_cache_usage_perc{engine="0"} 0.012\nvllm:num_requests_waiting{engine="0"} 4.0'},
                            {"t": 0.2, "error": "timed out"}]}
-    during = checks.engine_during(sampled)
+    during = bench.engine_during(sampled)
     assert during["kv_cache_usage_peak"] == 0.012 and during["waiting_peak"] == 4 and during["scrape_errors"] == 1
     assert during["preemptions"] == 0 and 0 <= (during["prefix_cache_hit_rate"] or 0) <= 1
     with pytest.raises(AnsibleFilterError, match="bench_sampler"):
-        checks.engine_during({"before": ""})
+        bench.engine_during({"before": ""})
 
 
-def real_run(concurrency: int, name: str, **bench: Any) -> dict[str, Any]:
-    result = {**json.loads((FIX / name).read_text()), **bench}
+def real_run(concurrency: int, name: str, **fields: Any) -> dict[str, Any]:
+    result = {**json.loads((FIX / name).read_text()), **fields}
     sampled = {"before": BEFORE, "after": AFTER, "seconds": 2.0,
                "samples": [{"t": 0.5, "lines": 'vllm:kv_cache_usage_perc{engine="0"} 0.004'}]}
-    return checks.bench_step(concurrency, result, sampled, 0.3)
+    return bench.bench_step(concurrency, result, sampled, 0.3)
 
 
 def test_bench_step_keeps_lengths_and_refuses_an_engine_that_went_away():
     run = real_run(8, "bench-c8.json", input_lens=[100, 120], output_lens=[16, 16])
     assert run["engine"]["kv_cache_usage_peak"] == 0.004 and run["input_lens"] == [100, 120]
     with pytest.raises(AnsibleFilterError, match="did the engine stop"):
-        checks.bench_step(8, json.loads((FIX / "bench-c8.json").read_text()), {"before": BEFORE, "after": ""}, 0.3)
+        bench.bench_step(8, json.loads((FIX / "bench-c8.json").read_text()), {"before": BEFORE, "after": ""}, 0.3)
 
 
 def test_sweep_inputs_from_the_testbeds_plan():
-    inputs = checks.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL, settings())
+    inputs = sweep_filters.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL, settings())
     # 8 expected, --max-num-seqs 8, --max-num-queued-reqs 32: powers of two to the engine's queue
     assert inputs["steps"] == [1, 2, 4, 8, 16, 32] and inputs["bound"] == 32
     ttft, tpot = TESTBED["vllm_workload"]["ttft_p95_seconds"], TESTBED["vllm_workload"]["tpot_seconds"]
@@ -157,16 +158,16 @@ def test_sweep_bound_is_the_plans_queue_not_a_factor_typed_again():
     not 4 x the batch), and falls back to --max-num-seqs for a plan that sets no queue."""
     small_queue = planned()
     small_queue["flags"] = {**small_queue["flags"], "max-num-queued-reqs": 12}
-    inputs = checks.sweep_inputs(small_queue, TESTBED["vllm_workload"], MODEL, settings())
+    inputs = sweep_filters.sweep_inputs(small_queue, TESTBED["vllm_workload"], MODEL, settings())
     assert inputs["bound"] == 12 and inputs["steps"] == [1, 2, 4, 8]
     no_queue = planned()
     no_queue["flags"] = {k: v for k, v in no_queue["flags"].items() if k != "max-num-queued-reqs"}
-    assert checks.sweep_inputs(no_queue, TESTBED["vllm_workload"], MODEL, settings())["bound"] == 8
-    assert checks.sweep_inputs(small_queue, TESTBED["vllm_workload"], MODEL, settings(bound=5))["bound"] == 5
+    assert sweep_filters.sweep_inputs(no_queue, TESTBED["vllm_workload"], MODEL, settings())["bound"] == 8
+    assert sweep_filters.sweep_inputs(small_queue, TESTBED["vllm_workload"], MODEL, settings(bound=5))["bound"] == 5
 
 
 def test_sweep_inputs_what_if_targets_fixed_steps_and_a_prompts_file():
-    inputs = checks.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL,
+    inputs = sweep_filters.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL,
                                  settings(concurrencies=[12, 3, 3], ttft_p95_seconds=1.5,
                                           prompts_file="/run/p/abc.jsonl", api_endpoint="/v1/completions"))
     assert inputs["steps"] == [3, 12] and inputs["targets"]["ttft_seconds"] == 1.5
@@ -176,7 +177,7 @@ def test_sweep_inputs_what_if_targets_fixed_steps_and_a_prompts_file():
 
 
 def test_sweep_inputs_shared_prefix_keeps_the_prompt_length_and_adds_the_plain_run():
-    inputs = checks.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL, settings(shared_prefix_tokens=600))
+    inputs = sweep_filters.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL, settings(shared_prefix_tokens=600))
     assert "--random-input-len=144" in inputs["args"] and "--random-prefix-len=600" in inputs["args"]
     assert "--random-input-len=744" in inputs["plain_args"] and not any("prefix" in a for a in inputs["plain_args"])
 
@@ -188,25 +189,25 @@ def test_sweep_inputs_shared_prefix_keeps_the_prompt_length_and_adds_the_plain_r
 ])
 def test_sweep_inputs_refuse_what_cannot_work(changes, message):
     with pytest.raises(AnsibleFilterError, match=message):
-        checks.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL, settings(**changes))
+        sweep_filters.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL, settings(**changes))
 
 
 def test_sweep_prompts_are_normalised_for_the_bench_reader():
     text = '# the team\'s prompts\n\n{"prompt": "a", "note": 1}\n{"prompt": "a"}\n{"prompt": "b\\nc"}\n'
-    assert checks.sweep_prompts(text) == '{"prompt": "a"}\n{"prompt": "a"}\n{"prompt": "b\\nc"}\n'
+    assert sweep_filters.sweep_prompts(text) == '{"prompt": "a"}\n{"prompt": "a"}\n{"prompt": "b\\nc"}\n'
     with pytest.raises(AnsibleFilterError, match="line 2: 'prompt' must be a non-empty string"):
-        checks.sweep_prompts('{"prompt": "a"}\n{"text": "b"}\n')
+        sweep_filters.sweep_prompts('{"prompt": "a"}\n{"text": "b"}\n')
     with pytest.raises(AnsibleFilterError, match="holds no prompts"):
-        checks.sweep_prompts("# nothing\n")
+        sweep_filters.sweep_prompts("# nothing\n")
 
 
 def document(**meta: Any) -> dict[str, Any]:
     """Two real runs of the loaded testbed (TTFT p95 6.6 s at 8, 17.4 s at 16) against what-if targets."""
-    inputs = checks.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL,
+    inputs = sweep_filters.sweep_inputs(planned(), TESTBED["vllm_workload"], MODEL,
                                  settings(ttft_p95_seconds=10, tpot_seconds=0.6))
     runs = [real_run(8, "bench-c8.json", input_lens=[744] * 4, output_lens=[256] * 4),
             real_run(16, "bench-c16.json", input_lens=[744] * 4, output_lens=[256] * 4)]
-    return checks.sweep_document(runs, inputs, {"kind": "sweep", "host": "box", "at": "2026-12-03T00:00:00Z",
+    return sweep_filters.sweep_document(runs, inputs, {"kind": "sweep", "host": "box", "at": "2026-12-03T00:00:00Z",
                                                 "pins": {"vllm_version": "0.32.0"}, **meta})
 
 
@@ -226,21 +227,21 @@ def test_sweep_document_from_real_bench_results():
 
 def test_history_line_baseline_and_gate():
     doc = document()
-    line = checks.sweep_history(doc)
+    line = sweep_filters.sweep_history(doc)
     assert "input_lens" not in line["steps"][0] and "report" not in line and "fitted" not in line["knee"]["p95"]
-    history = "\n".join([json.dumps(checks.sweep_history(document(at="2026-12-01T00:00:00Z"))),
+    history = "\n".join([json.dumps(sweep_filters.sweep_history(document(at="2026-12-01T00:00:00Z"))),
                          json.dumps(line),
                          json.dumps({"kind": "gate", "pins": {"vllm_version": "0.32.0"}}),
                          "not json",
-                         json.dumps(checks.sweep_history(document(at="2026-12-04T00:00:00Z", pins={"other": 1})))])
-    baseline = checks.sweep_baseline(history, {"vllm_version": "0.32.0"})
+                         json.dumps(sweep_filters.sweep_history(document(at="2026-12-04T00:00:00Z", pins={"other": 1})))])
+    baseline = sweep_filters.sweep_baseline(history, {"vllm_version": "0.32.0"})
     assert baseline is not None and baseline["at"] == "2026-12-03T00:00:00Z"
-    assert checks.sweep_baseline(history, {"vllm_version": "0.31.0"}) is None
-    assert checks.sweep_baseline("", None) is None
-    assert checks.sweep_gate_steps(baseline, 0.25) == [6, 8]
-    held = checks.sweep_gate(baseline, [real_run(6, "bench-c8.json"), real_run(8, "bench-c8.json")], 0.25)
+    assert sweep_filters.sweep_baseline(history, {"vllm_version": "0.31.0"}) is None
+    assert sweep_filters.sweep_baseline("", None) is None
+    assert sweep_filters.sweep_gate_steps(baseline, 0.25) == [6, 8]
+    held = sweep_filters.sweep_gate(baseline, [real_run(6, "bench-c8.json"), real_run(8, "bench-c8.json")], 0.25)
     assert held["passed"] and held["previous_knee"] == 8 and [s["concurrency"] for s in held["steps"]] == [6, 8]
     # judged against the baseline's own (recorded) targets: 12 s misses its 10 s
-    fell = checks.sweep_gate(baseline, [real_run(6, "bench-c8.json", p95_ttft_ms=12000.0),
+    fell = sweep_filters.sweep_gate(baseline, [real_run(6, "bench-c8.json", p95_ttft_ms=12000.0),
                                         real_run(8, "bench-c8.json", p95_ttft_ms=12000.0)], 0.25)
     assert not fell["passed"] and "fell below 6" in fell["summary"]

@@ -1,5 +1,5 @@
-"""The deployment checklist's verdicts (filter_plugins/teamserve_verify.py), the shared
-/metrics, SSE and start-up log code (module_utils/), and the long-prompt module's gap arithmetic.
+"""The deployment checklist's verdicts (the teamserve.core collection's checklist, bench and evaluation
+filters), the shared /metrics, SSE and start-up log code (its module_utils), and the long-prompt module's gap arithmetic.
 
 Inputs are real: fixtures/verify/ holds what the testbed box answered (README there says how each file
 was captured), the GPU cases are vLLM log lines quoted in public issues (benchmarks/capacity/cases.json)
@@ -20,13 +20,12 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from repo_modules import REPO, load
 
+from ansible_collections.teamserve.core.plugins.filter import bench, checklist, evaluation, metric
+from ansible_collections.teamserve.core.plugins.module_utils import prometheus, sse, vllm_log
 from teamserve_capacity import GIB, plan
 
 FIX = pathlib.Path(__file__).resolve().parent / "fixtures" / "verify"
-checks = load("teamserve_verify_filters", "filter_plugins/teamserve_verify.py")
 long_prompt = load("teamserve_verify_long_prompt", "roles/teamserve_verify/library/teamserve_verify_long_prompt.py")
-sse = load("teamserve_sse_test", "module_utils/teamserve_sse.py")
-prometheus = load("teamserve_prometheus_test", "module_utils/teamserve_prometheus.py")
 TESTBED = yaml.safe_load((REPO / "inventories/testbed/group_vars/teamserve/main.yml").read_text())
 
 
@@ -75,11 +74,11 @@ def test_prometheus_parser_reads_the_engines_real_metrics():
 
 def test_metric_filter_sums_label_sets_and_names_a_missing_scrape():
     extra = text("metrics-after.txt").replace('engine="0"', 'engine="1"')
-    one = checks.teamserve_metric(text("metrics-after.txt"), "vllm:request_success_total")
-    assert one > 0 and checks.teamserve_metric(text("metrics-after.txt") + extra,
+    one = metric.metric(text("metrics-after.txt"), "vllm:request_success_total")
+    assert one > 0 and metric.metric(text("metrics-after.txt") + extra,
                                                       "vllm:request_success_total") == 2 * one
     with pytest.raises(AnsibleFilterError, match="expected the /metrics text"):
-        checks.teamserve_metric(None, "vllm:num_requests_running")
+        metric.metric(None, "vllm:num_requests_running")
 
 
 class _Response(io.BytesIO):
@@ -129,7 +128,6 @@ def test_sse_open_refuses_a_non_200_answer():
 
 
 def test_start_up_log_kv_cache_size_gpu_and_cpu():
-    vllm_log = load("teamserve_vllm_log_test", "module_utils/teamserve_vllm_log.py")
     assert vllm_log.kv_cache_size(case("qwen3-1.7b-24gb")["log"]) == {"device": "GPU", "tokens": 175856}
     cpu = vllm_log.kv_cache_size(text("engine-start.log"))
     assert cpu is not None and cpu["device"] == "CPU" and cpu["tokens"] > 0
@@ -139,7 +137,7 @@ def test_start_up_log_kv_cache_size_gpu_and_cpu():
 # --- check 1 ------------------------------------------------------------------------------------------------
 
 def test_capacity_passes_when_the_logged_gpu_kv_cache_matches_the_plan():
-    record = checks.check_capacity(qwen_plan(24564, measured_kv_gib=18.78), case("qwen3-1.7b-24gb")["log"])
+    record = checklist.check_capacity(qwen_plan(24564, measured_kv_gib=18.78), case("qwen3-1.7b-24gb")["log"])
     assert record["status"] == "PASS", record["summary"]
     assert record["measured"]["engine_kv_cache"] == {"device": "GPU", "tokens": 175856}
     assert abs(record["measured"]["kv_tokens_error"]) < 0.001  # 175,808 planned: the README's -0.03 %
@@ -148,16 +146,16 @@ def test_capacity_passes_when_the_logged_gpu_kv_cache_matches_the_plan():
 
 def test_capacity_fails_when_the_engine_logged_a_different_kv_cache():
     # planned for a 48 GB card, but the engine's log is the 24 GB card's
-    record = checks.check_capacity(qwen_plan(49140), case("qwen3-1.7b-24gb")["log"])
+    record = checklist.check_capacity(qwen_plan(49140), case("qwen3-1.7b-24gb")["log"])
     assert record["status"] == "FAIL" and record["measured"]["kv_tokens_error"] > 0.10
     assert "tolerance 10 %" in record["summary"]
     # the same difference passes with a tolerance wide enough for it
-    wide = checks.check_capacity(qwen_plan(49140), case("qwen3-1.7b-24gb")["log"], tolerance=2.0)
+    wide = checklist.check_capacity(qwen_plan(49140), case("qwen3-1.7b-24gb")["log"], tolerance=2.0)
     assert wide["status"] == "PASS"
 
 
 def test_capacity_on_the_cpu_build_checks_the_logged_cache_holds_the_workload():
-    record = checks.check_capacity(planned_testbed(), text("engine-start.log"))
+    record = checklist.check_capacity(planned_testbed(), text("engine-start.log"))
     assert record["status"] == "PASS", record["summary"]
     assert record["measured"]["engine_kv_cache"]["device"] == "CPU" and record["measured"]["kv_tokens_error"] is None
     assert "holds 8 x 1,000 = 8,000 tokens" in record["summary"]
@@ -165,20 +163,20 @@ def test_capacity_on_the_cpu_build_checks_the_logged_cache_holds_the_workload():
 
 
 def test_capacity_without_the_log_line_or_a_fitting_plan():
-    record = checks.check_capacity(planned_testbed(), "")
+    record = checklist.check_capacity(planned_testbed(), "")
     assert record["status"] == "PASS" and "not compared" in record["summary"]
     overcommitted = copy.deepcopy(planned_testbed())
     overcommitted["fits"] = False
     overcommitted["levers"] = ["use fewer sequences"]
-    failed = checks.check_capacity(overcommitted, text("engine-start.log"))
+    failed = checklist.check_capacity(overcommitted, text("engine-start.log"))
     assert failed["status"] == "FAIL" and failed["levers"] == ["use fewer sequences"]
-    assert checks.check_capacity(None, "")["status"] == "FAIL"
+    assert checklist.check_capacity(None, "")["status"] == "FAIL"
 
 
 # --- check 2 ------------------------------------------------------------------------------------------------
 
 def engine() -> dict[str, Any]:
-    return checks.engine(data("container.json"))
+    return checklist.engine(data("container.json"))
 
 
 def test_engine_reads_the_running_container():
@@ -187,90 +185,90 @@ def test_engine_reads_the_running_container():
     assert running["hf_cache"] == "/var/lib/teamserve/vllm/huggingface"
     assert running["kv_cache_dtype"] == "auto" and running["started_epoch"] > 0
     with pytest.raises(AnsibleFilterError, match="does not exist"):
-        checks.engine({})
+        checklist.engine({})
 
 
 def test_engine_check_compares_argv_image_and_models():
     running = engine()
     pin = running["image"].replace("@", ":v0.32.0@")  # the inventory's repo:tag@digest
     models = {"status": 200, "json": data("models.json")["json"]}
-    record = checks.check_engine(running, running["argv"], pin, "tiny", "0.32.0", models)
+    record = checklist.check_engine(running, running["argv"], pin, "tiny", "0.32.0", models)
     assert record["status"] == "PASS", record["summary"]
     assert record["target"]["image"] == running["image"]
     drifted = running["argv"][:-2]
-    assert checks.check_engine(running, drifted, pin, "tiny", "0.32.0", models)["summary"].count("DIFFERS") == 1
+    assert checklist.check_engine(running, drifted, pin, "tiny", "0.32.0", models)["summary"].count("DIFFERS") == 1
     other_pin = pin.split("@")[0] + "@sha256:" + "0" * 64
-    assert "NOT the pinned digest" in checks.check_engine(running, running["argv"], other_pin, "tiny", "0.32.0",
+    assert "NOT the pinned digest" in checklist.check_engine(running, running["argv"], other_pin, "tiny", "0.32.0",
                                                           models)["summary"]
-    assert checks.check_engine(running, running["argv"], pin, "other", "0.32.0", models)["status"] == "FAIL"
-    assert checks.check_engine(running, None, pin, "tiny", "0.32.0", models)["status"] == "FAIL"
+    assert checklist.check_engine(running, running["argv"], pin, "other", "0.32.0", models)["status"] == "FAIL"
+    assert checklist.check_engine(running, None, pin, "tiny", "0.32.0", models)["status"] == "FAIL"
 
 
 # --- checks 3 and 4 -------------------------------------------------------------------------------------------
 
 def runs() -> list[dict[str, Any]]:
-    return [checks.bench_run(8, data("bench-c8.json"), text("metrics-before.txt"), text("metrics-after.txt"), 0.3),
-            checks.bench_run(16, data("bench-c16.json"), text("metrics-before.txt"), text("metrics-after.txt"), 0.3)]
+    return [bench.bench_run(8, data("bench-c8.json"), text("metrics-before.txt"), text("metrics-after.txt"), 0.3),
+            bench.bench_run(16, data("bench-c16.json"), text("metrics-before.txt"), text("metrics-after.txt"), 0.3)]
 
 
 def test_bench_summary_of_a_real_run_in_seconds():
     raw = data("bench-c8.json")
-    summary = checks.bench(raw)
+    summary = bench.bench(raw)
     assert summary["completed"] == raw["completed"] and summary["num_prompts"] == raw["num_prompts"]
     assert summary["ttft_seconds"]["p95"] == pytest.approx(raw["p95_ttft_ms"] / 1000, abs=1e-5)
     assert 0 <= summary["tpot_seconds"]["p50"] <= summary["tpot_seconds"]["p95"] <= summary["tpot_seconds"]["p99"]
     with pytest.raises(AnsibleFilterError, match="completed"):
-        checks.bench({"date": "x"})
+        bench.bench({"date": "x"})
 
 
 def test_queue_between_two_real_scrapes():
-    q = checks.queue(text("metrics-before.txt"), text("metrics-after.txt"))
+    q = bench.queue(text("metrics-before.txt"), text("metrics-after.txt"))
     assert q["requests"] == 4  # the four completions sent between the scrapes
     assert 0 <= q["queued"] <= 4 and q["threshold_seconds"] == 0.3
     with pytest.raises(AnsibleFilterError, match="restarted"):
-        checks.queue(text("metrics-after.txt"), text("metrics-before.txt"))
+        bench.queue(text("metrics-after.txt"), text("metrics-before.txt"))
     with pytest.raises(AnsibleFilterError, match="no vllm:request_queue_time_seconds"):
-        checks.queue("", "vllm:num_requests_waiting 0\n")
+        bench.queue("", "vllm:num_requests_waiting 0\n")
 
 
 def test_targets_judge_the_1x_run_at_p95():
     workload = TESTBED["vllm_workload"]
-    record = checks.check_targets(runs(), workload)
+    record = checklist.check_targets(runs(), workload)
     ttft = record["measured"]["ttft_p95_seconds"]
     assert record["status"] == ("PASS" if ttft <= workload["ttft_p95_seconds"] else "FAIL")
     strict = dict(workload, ttft_p95_seconds=ttft / 2)
-    assert checks.check_targets(runs(), strict)["status"] == "FAIL"
-    assert checks.check_targets([], workload)["status"] == "FAIL"
+    assert checklist.check_targets(runs(), strict)["status"] == "FAIL"
+    assert checklist.check_targets([], workload)["status"] == "FAIL"
 
 
 def test_load_needs_both_runs_served():
-    inputs = checks.bench_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 16)
+    inputs = bench.bench_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 16)
     assert inputs["concurrencies"] == [8, 16] and inputs["input_tokens"] == 1000 - 16
-    record = checks.check_load(runs(), inputs, TESTBED["vllm_workload"])
+    record = checklist.check_load(runs(), inputs, TESTBED["vllm_workload"])
     assert record["status"] == "PASS" and [r["concurrency"] for r in record["measured"]["runs"]] == [8, 16]
     broken = runs()
     broken[1]["bench"]["failed"] = 1
-    assert checks.check_load(broken, inputs, TESTBED["vllm_workload"])["status"] == "FAIL"
-    assert checks.check_load(runs()[:1], inputs, TESTBED["vllm_workload"])["status"] == "FAIL"
+    assert checklist.check_load(broken, inputs, TESTBED["vllm_workload"])["status"] == "FAIL"
+    assert checklist.check_load(runs()[:1], inputs, TESTBED["vllm_workload"])["status"] == "FAIL"
 
 
 def test_bench_inputs_tokenizer_and_room():
     model = dict(TESTBED["vllm_model"], revision="ef486eba9ff0b47394b3d9daf8a30e736bf68ef8")
-    inputs = checks.bench_inputs(planned_testbed(), TESTBED["vllm_workload"], model, 5000, 16)
+    inputs = bench.bench_inputs(planned_testbed(), TESTBED["vllm_workload"], model, 5000, 16)
     assert inputs["input_tokens"] == 2048 - 16 - 1  # capped by --max-model-len
     assert inputs["tokenizer"] == ("/root/.cache/huggingface/hub/models--teamserve--tiny-llama/snapshots/"
                                    "ef486eba9ff0b47394b3d9daf8a30e736bf68ef8")
     with pytest.raises(AnsibleFilterError, match="teamserve_verify_bench_output_tokens=2048"):
-        checks.bench_inputs(planned_testbed(), TESTBED["vllm_workload"], model, 0, 2048)
+        bench.bench_inputs(planned_testbed(), TESTBED["vllm_workload"], model, 0, 2048)
 
 
 def test_failed_gathering_names_the_task_and_the_last_line():
     result = {"failed": True, "status": 1, "msg": "warning: x\nTraceback ...\nValueError: no tokenizer\n"}
-    records = checks.failed([3, 4], result, {"name": "Run vllm bench serve through the gateway at concurrency 8"},
+    records = checklist.failed([3, 4], result, {"name": "Run vllm bench serve through the gateway at concurrency 8"},
                             {"runs": []})
     assert [r["id"] for r in records] == [3, 4] and all(r["status"] == "FAIL" for r in records)
     assert records[0]["summary"] == "vllm bench serve exited with status 1: ValueError: no tokenizer"
-    other = checks.failed(1, {"msg": "boom"}, {"name": "Compute the plan"})
+    other = checklist.failed(1, {"msg": "boom"}, {"name": "Compute the plan"})
     assert other[0]["summary"] == "Compute the plan: boom" and "measured" not in other[0]
 
 
@@ -280,14 +278,14 @@ def test_long_prompt_judges_the_longest_pause():
     result = dict(data("long-prompt.json"), changed=False,
                   invocation={"module_args": {"api_key": "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"}})
     longest = result["during"]["max"]
-    record = checks.check_long_prompt(result, longest + 0.5)
+    record = checklist.check_long_prompt(result, longest + 0.5)
     assert record["status"] == "PASS" and "invocation" not in record["measured"]
-    assert checks.check_long_prompt(result, longest / 2)["status"] == "FAIL"
+    assert checklist.check_long_prompt(result, longest / 2)["status"] == "FAIL"
     stalled = dict(result, streams_alive_after=result["streams"] - 1)
-    assert checks.check_long_prompt(stalled, longest + 0.5)["status"] == "FAIL"
+    assert checklist.check_long_prompt(stalled, longest + 0.5)["status"] == "FAIL"
     # the second measurement of the task's until is named; the first one is not
-    assert checks.check_long_prompt(dict(result, attempts=2), longest + 0.5)["summary"].endswith("(measurement 2)")
-    assert "measurement" not in checks.check_long_prompt(dict(result, attempts=1), longest + 0.5)["summary"]
+    assert checklist.check_long_prompt(dict(result, attempts=2), longest + 0.5)["summary"].endswith("(measurement 2)")
+    assert "measurement" not in checklist.check_long_prompt(dict(result, attempts=1), longest + 0.5)["summary"]
 
 
 def test_long_prompt_reopens_streams_that_finish_before_the_prompt_arrives():
@@ -332,16 +330,16 @@ def test_long_prompt_reopens_streams_that_finish_before_the_prompt_arrives():
     assert result["long_prompt_ttft_seconds"] >= 1.0
     # the others never stalled for the prefill: within a response the gaps are 20 ms, none near 1 s
     assert result["during"]["count"] > 0 and result["during"]["max"] < 0.6
-    assert checks.check_long_prompt(result, 0.6)["status"] == "PASS"
+    assert checklist.check_long_prompt(result, 0.6)["status"] == "PASS"
 
 
 def test_long_prompt_inputs():
-    inputs = checks.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 0)
+    inputs = bench.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 0)
     assert inputs == {"streams": 7, "tokens": 2040, "max_len": 2048, "vocab_size": 4096, "stream_max_tokens": 1024}
     with pytest.raises(AnsibleFilterError, match="must be below --max-model-len 2048"):
-        checks.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 4096)
+        bench.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], TESTBED["vllm_model"], 0, 4096)
     with pytest.raises(AnsibleFilterError, match="no vocab_size"):
-        checks.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], {"config": {}}, 0, 0)
+        bench.long_prompt_inputs(planned_testbed(), TESTBED["vllm_workload"], {"config": {}}, 0, 0)
 
 
 def test_percentile_matches_numpy_linear_definition():
@@ -368,16 +366,16 @@ def test_split_gaps_before_and_during_the_prefill_window():
 
 def test_limits_pass_with_a_real_429_and_another_users_200():
     limit = {"events": 5, "window": "1m"}
-    record = checks.check_limits("carol", limit, data("limited.json"), "bob", data("other.json"))
+    record = checklist.check_limits("carol", limit, data("limited.json"), "bob", data("other.json"))
     assert record["status"] == "PASS", record["summary"]
     assert record["measured"]["limited_error_code"] == "rate_limit_exceeded"
     assert int(record["measured"]["retry_after"]) > 0
     no_retry_after = {k: v for k, v in data("limited.json").items() if k != "retry_after"}
-    assert checks.check_limits("carol", limit, no_retry_after, "bob", data("other.json"))["status"] == "FAIL"
+    assert checklist.check_limits("carol", limit, no_retry_after, "bob", data("other.json"))["status"] == "FAIL"
     never_limited = data("other.json") | {"attempts": 7}
-    unenforced = checks.check_limits("carol", limit, never_limited, "bob", data("other.json"))
+    unenforced = checklist.check_limits("carol", limit, never_limited, "bob", data("other.json"))
     assert unenforced["status"] == "FAIL" and "no 429 for carol after 7 requests" in unenforced["summary"]
-    skipped = checks.check_limits("", None, None, "bob", None)
+    skipped = checklist.check_limits("", None, None, "bob", None)
     assert skipped["status"] == "SKIP" and "teamserve_verify_limited_user" in skipped["reason"]
 
 
@@ -385,13 +383,13 @@ def test_limits_pass_with_a_real_429_and_another_users_200():
 
 def test_cold_start_within_budget_and_no_regression():
     result = data("cold-start.json")
-    record = checks.check_cold_start(True, result)
+    record = checklist.check_cold_start(True, result)
     assert record["status"] == ("FAIL" if result["regression"] else "PASS"), record["summary"]
-    assert checks.check_cold_start(True, dict(result, regression=True))["status"] == "FAIL"
+    assert checklist.check_cold_start(True, dict(result, regression=True))["status"] == "FAIL"
     over_budget = dict(result, budget_seconds=result["seconds_to_health"] / 2)
-    assert checks.check_cold_start(True, over_budget)["status"] == "FAIL"
-    assert checks.check_cold_start(True, None)["status"] == "FAIL"
-    assert checks.check_cold_start(False, None)["status"] == "SKIP"
+    assert checklist.check_cold_start(True, over_budget)["status"] == "FAIL"
+    assert checklist.check_cold_start(True, None)["status"] == "FAIL"
+    assert checklist.check_cold_start(False, None)["status"] == "SKIP"
 
 
 # --- check 8 ------------------------------------------------------------------------------------------------
@@ -399,44 +397,44 @@ def test_cold_start_within_budget_and_no_regression():
 def test_eval_agreement_with_another_kv_cache_dtype():
     stored = data("eval-answers.json")
     answers = stored["answers"]
-    same = checks.check_eval(answers, "auto", [dict(stored, kv_cache_dtype="fp8")], 0.9, "x.json")
+    same = evaluation.check_eval(answers, "auto", [dict(stored, kv_cache_dtype="fp8")], 0.9, "x.json")
     assert same["status"] == "PASS" and same["measured"]["comparisons"][0]["rate"] == 1.0
     changed = copy.deepcopy(stored)
     changed["kv_cache_dtype"] = "fp8"
     changed["answers"][0]["answer"] += " (different)"
-    low = checks.check_eval(answers, "auto", [changed], 0.9, "x.json")
+    low = evaluation.check_eval(answers, "auto", [changed], 0.9, "x.json")
     agreed = len(answers) - 1
     assert low["status"] == "FAIL" and f"agreement with fp8: {agreed}/{len(answers)}" in low["summary"]
-    first = checks.check_eval(answers, "auto", [], 0.9, "x.json")
+    first = evaluation.check_eval(answers, "auto", [], 0.9, "x.json")
     assert first["status"] == "PASS" and "no answers for another KV-cache dtype yet" in first["summary"]
-    assert checks.check_eval(None, "auto", [], 0.9, None)["status"] == "SKIP"
+    assert evaluation.check_eval(None, "auto", [], 0.9, None)["status"] == "SKIP"
 
 
 def test_eval_parse_reads_the_example_set_and_names_bad_lines():
     path = REPO / "tests/fixtures/eval.jsonl"
-    items = checks.eval_parse(path.read_text(), str(path))
+    items = evaluation.eval_parse(path.read_text(), str(path))
     assert len(items) == 6 and [bool(i["request"]) for i in items].count(True) == 2
     for bad, message in [('{"prompt": "a"}\nnot json\n', "line 2 is not JSON"),
                          ('{"question": "a"}\n', "'prompt' must be a non-empty string"),
                          ('{"prompt": "a", "expected": 4}\n', "'expected' must be a string"),
                          ('{"prompt": "a"}\n{"prompt": "a"}\n', "duplicated prompt"), ("# nothing\n", "no prompts")]:
         with pytest.raises(AnsibleFilterError, match=message):
-            checks.eval_parse(bad, "eval.jsonl")
+            evaluation.eval_parse(bad, "eval.jsonl")
 
 
 def test_eval_answers_refuse_a_failed_request():
     ok = [{"item": {"prompt": "a", "expected": "4"}, "status": 200,
            "json": {"choices": [{"message": {"role": "assistant", "content": "4"}}],
                     "usage": {"prompt_tokens": 27, "completion_tokens": 1}}}]
-    assert checks.eval_answers(ok) == [{"prompt": "a", "expected": "4", "answer": "4", "prompt_tokens": 27,
+    assert evaluation.eval_answers(ok) == [{"prompt": "a", "expected": "4", "answer": "4", "prompt_tokens": 27,
                                         "tool_calls": []}]
     # a completions-only model answers /v1/completions: the choice's text
     completion = [{"item": {"prompt": "b"}, "status": 200, "json": {"choices": [{"index": 0, "text": " 4"}]}}]
-    assert checks.eval_answers(completion) == [{"prompt": "b", "expected": None, "answer": " 4", "prompt_tokens": None,
+    assert evaluation.eval_answers(completion) == [{"prompt": "b", "expected": None, "answer": " 4", "prompt_tokens": None,
                                                 "tool_calls": []}]
     refused = [{"item": {"prompt": "c"}, "status": 429, "json": data("limited.json")["json"]}]
     with pytest.raises(AnsibleFilterError, match="prompt 'c' got HTTP 429"):
-        checks.eval_answers(refused)
+        evaluation.eval_answers(refused)
 
 
 def test_agreement_tells_a_changed_chat_template_from_changed_answers():
@@ -445,7 +443,7 @@ def test_agreement_tells_a_changed_chat_template_from_changed_answers():
               {"prompt": "c", "answer": "y", "prompt_tokens": 12}, {"prompt": "d", "answer": "z", "prompt_tokens": None}]
     after = [{"prompt": "a", "answer": "4", "prompt_tokens": 31}, {"prompt": "b", "answer": "x ", "prompt_tokens": 34},
              {"prompt": "c", "answer": "w", "prompt_tokens": 12}, {"prompt": "d", "answer": "z", "prompt_tokens": 9}]
-    result = checks.agreement(after, before)
+    result = evaluation.agreement(after, before)
     assert (result["compared"], result["agreed"], result["rate"]) == (4, 3, 0.75)
     assert result["changed"] == [{"prompt": "c", "before": "y", "after": "w"}]
     assert result["prompt_tokens_differ"] == 2  # "d" had no usage before: not compared
@@ -460,13 +458,13 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 def test_eval_parse_keeps_tools_and_names_a_malformed_tool_line():
     line = {"prompt": "Weather in Paris?", "tools": [WEATHER],
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
-    [item] = checks.eval_parse(json.dumps(line), "eval.jsonl")
+    [item] = evaluation.eval_parse(json.dumps(line), "eval.jsonl")
     assert item["request"] == {"tools": [WEATHER], "tool_choice": line["tool_choice"]}
-    body = checks.teamserve_completion_body(item["prompt"], "/v1/chat/completions", "m", {"temperature": 0, **item["request"]})
+    body = evaluation.completion_body(item["prompt"], "/v1/chat/completions", "m", {"temperature": 0, **item["request"]})
     assert body["tools"] == [WEATHER] and body["messages"][0]["content"] == "Weather in Paris?"
     # a completions-only model: the set is refused when read, naming the line (before any request)
     with pytest.raises(AnsibleFilterError, match="eval.jsonl line 2 carries tools, but the model is served on /v1/completions"):
-        checks.eval_parse('{"prompt": "b"}\n' + json.dumps(line), "eval.jsonl", "/v1/completions")
+        evaluation.eval_parse('{"prompt": "b"}\n' + json.dumps(line), "eval.jsonl", "/v1/completions")
     for bad, message in [({"tools": []}, "line 1: 'tools' must be a non-empty list of function tools"),
                          ({"tools": [{"type": "function", "function": {}}]}, "'tools' must be"),
                          ({"tool_choice": "required"}, "'tool_choice' needs 'tools'"),
@@ -474,7 +472,7 @@ def test_eval_parse_keeps_tools_and_names_a_malformed_tool_line():
                          ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "book"}}},
                           r"one of \['get_weather'\]")]:
         with pytest.raises(AnsibleFilterError, match=message):
-            checks.eval_parse(json.dumps({"prompt": "a", **bad}), "eval.jsonl")
+            evaluation.eval_parse(json.dumps({"prompt": "a", **bad}), "eval.jsonl")
 
 
 def tool_answer(prompt: str, arguments: str, name: str = "get_weather") -> dict:
@@ -488,14 +486,14 @@ def tool_answer(prompt: str, arguments: str, name: str = "get_weather") -> dict:
 def test_agreement_reports_changed_tool_calls():
     """Arguments are compared as JSON (key order does not matter); another function, other arguments or no
     call at all count as changed answers and are listed as changed tool calls."""
-    before = checks.eval_answers([tool_answer("a", '{"city": "Paris", "unit": "c"}'), tool_answer("b", '{"city": "Oslo"}'),
+    before = evaluation.eval_answers([tool_answer("a", '{"city": "Paris", "unit": "c"}'), tool_answer("b", '{"city": "Oslo"}'),
                                   tool_answer("c", '{"city": "Oslo"}'), tool_answer("d", "not json")])
     assert before[0]["tool_calls"] == [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]
     assert before[3]["tool_calls"] == [{"name": "get_weather", "arguments": "not json"}]
-    after = checks.eval_answers([tool_answer("a", '{"unit": "c", "city": "Paris"}'), tool_answer("b", '{"city": "Paris"}'),
+    after = evaluation.eval_answers([tool_answer("a", '{"unit": "c", "city": "Paris"}'), tool_answer("b", '{"city": "Paris"}'),
                                  tool_answer("c", '{"city": "Oslo"}', name="book_table"),
                                  {"item": {"prompt": "d"}, "status": 200, "json": {"choices": [{"message": {"content": "Hi"}}]}}])
-    result = checks.agreement(after, before)
+    result = evaluation.agreement(after, before)
     assert (result["compared"], result["agreed"], result["tool_calls_differ"]) == (4, 1, 3)
     assert [c["prompt"] for c in result["tool_calls_changed"]] == ["b", "c", "d"]
     # a changed answer's text leads with its tool calls, so cutting a long reply never hides them
@@ -504,19 +502,19 @@ def test_agreement_reports_changed_tool_calls():
     assert result["tool_calls_changed"][2] == {"prompt": "d", "before": '[{"arguments": "not json", "name": "get_weather"}]',
                                                "after": "[]"}
     # answers kept before tool calls were recorded compare as calling none
-    assert checks.agreement([{"prompt": "e", "answer": "x"}], [{"prompt": "e", "answer": "x", "tool_calls": []}])["rate"] == 1.0
+    assert evaluation.agreement([{"prompt": "e", "answer": "x"}], [{"prompt": "e", "answer": "x", "tool_calls": []}])["rate"] == 1.0
 
 
 # --- check 9 ------------------------------------------------------------------------------------------------
 
 def test_outside_probe_fails_on_a_connection_and_skips_without_a_host():
     probes = data("probes.json")  # 8443 answered from the LAN, port 9 refused
-    connected = checks.check_outside("outside-host", 8443, probes[:1])
+    connected = checklist.check_outside("outside-host", 8443, probes[:1])
     assert connected["status"] == "FAIL" and connected["measured"]["connected"] == [8443]
-    refused = checks.check_outside("outside-host", 9, probes[1:])
+    refused = checklist.check_outside("outside-host", 9, probes[1:])
     assert refused["status"] == "PASS" and refused["measured"]["refused_or_timed_out"] == [9]
-    assert checks.check_outside("host", 8443, [])["status"] == "FAIL"  # nothing probed proves nothing
-    assert checks.check_outside("", 8443, None)["status"] == "SKIP"
+    assert checklist.check_outside("host", 8443, [])["status"] == "FAIL"  # nothing probed proves nothing
+    assert checklist.check_outside("", 8443, None)["status"] == "SKIP"
 
 
 def test_host_addresses_skip_loopback_and_container_bridges():
@@ -530,18 +528,18 @@ def test_host_addresses_skip_loopback_and_container_bridges():
         "br_1a2b": {"ipv4": {"address": "172.18.0.1"}},
         "veth9f": {},
     }
-    assert checks.host_addresses(facts) == ["10.231.0.10", "10.231.0.11", "10.232.0.10", "2001:db8::10"]
+    assert checklist.host_addresses(facts) == ["10.231.0.10", "10.231.0.11", "10.232.0.10", "2001:db8::10"]
 
 
 # --- the report ---------------------------------------------------------------------------------------------
 
 def test_table_and_merge():
-    results = checks.merge([], checks.check_limits("", None, None, "bob", None))
-    results = checks.merge(results, checks.failed([3, 4], {"msg": "x"}, {"name": "t"}))
-    results = checks.merge(results, checks.check_cold_start(False, None))
-    results = checks.merge(results, checks.failed(3, {"msg": "again"}))  # a later record replaces the earlier
+    results = checklist.merge([], checklist.check_limits("", None, None, "bob", None))
+    results = checklist.merge(results, checklist.failed([3, 4], {"msg": "x"}, {"name": "t"}))
+    results = checklist.merge(results, checklist.check_cold_start(False, None))
+    results = checklist.merge(results, checklist.failed(3, {"msg": "again"}))  # a later record replaces the earlier
     assert sorted(r["id"] for r in results) == [3, 4, 6, 7]
-    lines = checks.table(results)
+    lines = checklist.table(results)
     assert [line.split()[0] for line in lines[2:6]] == ["3", "4", "6", "7"]
     assert "again" in lines[2] and lines[-1] == "0 passed, 2 failed, 2 skipped"
 

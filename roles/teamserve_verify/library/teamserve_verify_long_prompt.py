@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.teamserve_sse import STREAM_ERRORS, StreamError, events, open_stream
+
+from ansible_collections.teamserve.core.plugins.module_utils.sse import STREAM_ERRORS, StreamError, events, open_stream
 
 DOCUMENTATION = r"""
 module: teamserve_verify_long_prompt

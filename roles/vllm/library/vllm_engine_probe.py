@@ -9,10 +9,17 @@ import urllib.request
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.teamserve_sse import STREAM_ERRORS, StreamError, events, has_token, open_stream
+
+from ansible_collections.teamserve.core.plugins.module_utils.sse import (
+    STREAM_ERRORS,
+    StreamError,
+    events,
+    has_token,
+    open_stream,
+)
 
 # PHASE_MARKERS and LOGGED_DURATIONS: the log lines this module reads (re-exported for the tests)
-from ansible.module_utils.teamserve_vllm_log import (  # noqa: F401
+from ansible_collections.teamserve.core.plugins.module_utils.vllm_log import (  # noqa: F401
     LOGGED_DURATIONS,
     PHASE_MARKERS,
     engine_failure,

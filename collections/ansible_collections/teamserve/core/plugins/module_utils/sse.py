@@ -1,7 +1,7 @@
 """Server-sent events client for the OpenAI-compatible streaming API (vLLM, or the gateway in front of it).
 
-Standard library only, so Ansible modules ship it to the box (``from ansible.module_utils.teamserve_sse
-import ...``) and controller-side code imports the same file. One client for every streamed request the
+Standard library only, so Ansible modules ship it to the box and controller-side code imports the same
+file (``ansible_collections.teamserve.core.plugins.module_utils.sse``). One client for every streamed request the
 project makes: the engine probe's first token and the verify role's long-prompt measurement.
 
 Wire format: ``text/event-stream`` (https://html.spec.whatwg.org/multipage/server-sent-events.html); vLLM

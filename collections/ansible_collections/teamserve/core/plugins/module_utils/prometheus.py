@@ -1,7 +1,7 @@
 """Parser of the Prometheus text exposition format, as vLLM's ``GET /metrics`` serves it.
 
-Standard library only: imported by modules on the box (``ansible.module_utils.teamserve_prometheus``) and
-by the controller-side filters. Format 0.0.4: https://prometheus.io/docs/instrumenting/exposition_formats/
+Standard library only: imported by modules on the box and by the controller-side
+filters (``ansible_collections.teamserve.core.plugins.module_utils.prometheus``). Format 0.0.4: https://prometheus.io/docs/instrumenting/exposition_formats/
 """
 
 from __future__ import annotations

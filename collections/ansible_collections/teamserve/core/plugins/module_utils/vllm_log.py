@@ -1,7 +1,7 @@
 """What vLLM's start-up log says: phase times, the durations vLLM logs itself, the KV cache size.
 
 Standard library only: imported by the vllm role's engine probe on the box
-(``ansible.module_utils.teamserve_vllm_log``) and by the verify role's checks on the controller, so each
+(``ansible_collections.teamserve.core.plugins.module_utils.vllm_log``) and by the verify role's checks on the controller, so each
 log line has one parser. Lines checked against the testbed's vLLM 0.32.0 CPU log and public GPU logs.
 """
 
