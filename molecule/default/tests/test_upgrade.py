@@ -57,10 +57,11 @@ def committed_lock() -> dict:
 # The broken upgrade's readiness wait is (1 + margin) x the last deploy's cold start, at least
 # vllm_ready_timeout_min. The testbed's own margin and floor (2.0 and 150 s, for its noisy restarts) would
 # have it wait 150 s or more for an engine that never comes; this upgrade runs with an admin's smaller
-# margin and the role's default floor. The rollback's start of the recorded engine is not held to them
-# (it gets the whole vllm_ready_timeout).
+# margin and a floor below the testbed's deploys (20-40 s), so the wait is the one derived from the last
+# deploy, not a floor (the role's default floor, 60 s, would decide it here). The rollback's start of the
+# recorded engine is not held to them (it gets the whole vllm_ready_timeout).
 BROKEN_UPGRADE_MARGIN = 0.1  # 10 % over the last deploy: the wait is the time an engine that never comes costs
-BROKEN_UPGRADE_FLOOR = 60
+BROKEN_UPGRADE_FLOOR = 15
 
 
 def write_overlay(**variables) -> None:
