@@ -13,7 +13,8 @@ export TESTBED_CACHE ?= /var/cache/teamserve-testbed
 # matrix across restarts.
 # Lanes run side by side, the items of a lane one after the other; "--" waits for every lane before it.
 # The first lane of a phase is the one it waits for (default's); the lanes beside it run at nice 10
-# (LANES_NICE), so they use the CPU it leaves idle rather than half of it.
+# (LANES_NICE) and their boxes at Docker CPU weight 128 (LANES_CPU_SHARES), so they use the CPU it leaves
+# idle rather than half of it.
 # Three phases: default's converge beside gpu_host (the two longest); verify.yml alone (its TTFT/TPOT check
 # missed the testbed's targets with gpu_host beside it); then default's testinfra beside the engine-free
 # scenarios, which are light next to gpu_host's package installs. `make test` runs lint and unit as a third

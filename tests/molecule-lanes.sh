@@ -9,6 +9,8 @@
 # Output: $MOLECULE_LOG_DIR/<scenario>.log; each item's seconds and result are printed as it ends; at the
 # end a failed scenario's log tail, then its failing tasks and tests (CI keeps the last lines); non-zero
 # exit if any failed.
+# The lanes beside a phase's first lane run at low priority: LANES_NICE (10) for their controller,
+# LANES_CPU_SHARES (128, Docker's --cpu-shares) for their boxes.
 # `tests/molecule-lanes.sh --summary` prints that end again from the logs of the last run (make test puts it
 # after lint's and unit's output).
 set -uo pipefail
@@ -97,21 +99,27 @@ boxes() {
 }
 
 # Holds the boxes of a lane's scenarios at CPU weight $LANES_CPU_SHARES (Docker's --cpu-shares; its
-# default is 1024) as they are created and re-created, until killed.
+# default is 1024) as they are created and re-created, while the process $2 (the lane) runs; then puts
+# those still there back to 1024, so a box a later phase uses is not left behind.
 weigh_boxes() {
-  local item name scenario_boxes=() names=()
+  local item lane=$2 scenario_boxes=() names=() name shares
   for item in ${1//,/ }; do
     [ "${item%%:*}" = make ] && continue
     read -r -a scenario_boxes <<< "$(boxes "${item%%:*}")"
     names+=("${scenario_boxes[@]}")
   done
-  while sleep 2; do
-    for name in "${names[@]}"; do
-      # 0: created with Docker's default; a box already weighed, or not there, is left alone
-      [ "$(docker inspect --format '{{.HostConfig.CpuShares}}' "$name" 2> /dev/null)" = 0 ] || continue
-      docker update --cpu-shares "$LANES_CPU_SHARES" "$name" > /dev/null 2>&1 || true
-    done
+  [ "${#names[@]}" -gt 0 ] || return 0
+  while kill -0 "$lane" 2> /dev/null && sleep 2; do
+    # One inspect for all of them; 0 is Docker's default (not weighed yet), a box not there prints nothing.
+    docker inspect --format '{{.Name}} {{.HostConfig.CpuShares}}' "${names[@]}" 2> /dev/null |
+      while read -r name shares; do
+        [ "$shares" = 0 ] && docker update --cpu-shares "$LANES_CPU_SHARES" "${name#/}" > /dev/null 2>&1
+      done
   done
+  docker inspect --format '{{.Name}}' "${names[@]}" 2> /dev/null | while read -r name; do
+    docker update --cpu-shares 1024 "${name#/}" > /dev/null 2>&1
+  done
+  return 0
 }
 
 # The first lane of a phase is the long one the phase waits for, and holds its timed checks. The lanes
@@ -131,12 +139,8 @@ for lane in "$@"; do
   else
     (
       renice -n "${LANES_NICE:-10}" -p "$BASHPID" > /dev/null
-      weigh_boxes "$lane" &
-      weigher=$!
+      weigh_boxes "$lane" "$BASHPID" &
       run_lane "$lane"
-      rc=$?
-      kill "$weigher" 2> /dev/null
-      exit "$rc"
     ) &
   fi
   pids+=($!)
