@@ -49,7 +49,8 @@
 // member of every other chunk. A client that asked keeps them.
 //
 // Only answers with a 2xx status are read; an answer without usage (an error, a cut stream, a body over
-// max_answer) adds no field. A JSON body in UTF-16/32 is forwarded unchanged (request_priority refuses
+// max_answer) adds no field. A whole JSON answer counts even when its client hangs up on the last byte,
+// before reverse_proxy has read the upstream's end of body and while it aborts. A JSON body in UTF-16/32 is forwarded unchanged (request_priority refuses
 // it where it runs). Server-sent events go out whole: the handler holds at most one incomplete event
 // and writes each complete one as it arrives, so a stream is not delayed by more than the engine's own
 // chunking.
@@ -310,6 +311,7 @@ func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 	// duration only when the handler returns (caddy v2.11.9 modules/caddyhttp/server.go). Any other panic,
 	// or an abort while the client is there (a broken upstream stream), goes on.
 	defer func() {
+		rec.readAnswer() // an abort skipped finish
 		rec.log(r)
 		if usage, found := rec.counts(); t.ledger != nil && found {
 			t.ledger.add(key, int64(usage.prompt)+int64(usage.completion))
@@ -594,17 +596,27 @@ func (u *usageRecorder) finish() error {
 			return err
 		}
 	}
-	if u.mode == answerJSON && !u.overflow && u.answer.Len() > 0 {
-		var answer struct {
-			Usage *usageJSON `json:"usage"`
-		}
-		if json.Unmarshal(u.answer.Bytes(), &answer) == nil {
-			if counts, ok := answer.Usage.counts(); ok {
-				u.usage, u.found = counts, true
-			}
+	u.readAnswer()
+	return nil
+}
+
+// readAnswer reads a JSON answer's usage from the bytes of it that went to the client. Called when the
+// handler returns and again when it aborts: reverse_proxy aborts when the client hangs up as soon as it
+// has the whole answer, before the upstream's end of body is read ("aborting with incomplete response",
+// reading: context canceled), and such an answer was served. A JSON answer cut short does not parse and
+// counts nothing.
+func (u *usageRecorder) readAnswer() {
+	if u.found || u.mode != answerJSON || u.overflow || u.answer.Len() == 0 {
+		return
+	}
+	var answer struct {
+		Usage *usageJSON `json:"usage"`
+	}
+	if json.Unmarshal(u.answer.Bytes(), &answer) == nil {
+		if counts, ok := answer.Usage.counts(); ok {
+			u.usage, u.found = counts, true
 		}
 	}
-	return nil
 }
 
 // log puts the usage in the request's access-log entry.

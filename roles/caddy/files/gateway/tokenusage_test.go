@@ -499,6 +499,43 @@ func TestTokenUsageReturnsWhenTheClientHasGone(t *testing.T) {
 	t.Fatal("the abort of a request whose client is still connected was swallowed")
 }
 
+// answeringThenAbortingProxy stands for reverse_proxy that wrote `answer` to the client, then aborted: the
+// client hung up as soon as it had the answer's Content-Length bytes, before the upstream's end of body
+// was read (Caddy logs "aborting with incomplete response", reading: context canceled).
+type answeringThenAbortingProxy struct{ answer string }
+
+func (p answeringThenAbortingProxy) ServeHTTP(w http.ResponseWriter, _ *http.Request) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write([]byte(p.answer))
+	panic(http.ErrAbortHandler)
+}
+
+// The whole answer reached the client, so it counts (in the key's tokens and the access log, both from
+// the same counts): a client that hangs up fast does not get around a budget. Half an answer counts
+// nothing. Seen at the front gateway, whose client (httpx, curl) closes on the last byte.
+func TestTokenUsageCountsAWholeAnswerWhoseClientLeftAtOnce(t *testing.T) {
+	whole := `{"id": "chatcmpl-1", "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}}`
+	for _, c := range []struct {
+		answer string
+		want   int64
+	}{{whole, 5}, {whole[:40], 0}} {
+		ledger := loadLedger(filepath.Join(t.TempDir(), "tokens.json"), zap.NewNop(), time.Now)
+		handler := &TokenUsage{MaxSize: 1 << 20, MaxAnswer: 1 << 20, Key: "alice", ledger: ledger}
+		gone, cancel := context.WithCancel(context.WithValue(context.Background(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		cancel()
+		request := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+			strings.NewReader(`{"model":"m","messages":[]}`)).WithContext(gone)
+		request.Header.Set("Content-Type", "application/json")
+		if err := handler.ServeHTTP(httptest.NewRecorder(), request, answeringThenAbortingProxy{c.answer}); err != nil {
+			t.Fatalf("returned %v, want nil (the client has gone)", err)
+		}
+		if used, _ := ledger.used("alice"); used != c.want {
+			t.Fatalf("answer %q: the key's tokens %d, want %d", c.answer, used, c.want)
+		}
+	}
+}
+
 // A cut stream's running counts: the prompt once, and each choice's last completion count summed (n = 2);
 // the usage-only chunk, once it comes, is the total. Only the "usage" member is taken out of a chunk.
 func TestRunningUsageOfACutStream(t *testing.T) {
