@@ -50,8 +50,8 @@
 //
 // Only answers with a 2xx status are read; an answer without usage (an error, a cut stream, a body over
 // max_answer) adds no field. A whole JSON answer counts even when its client hangs up on the last byte,
-// before reverse_proxy has read the upstream's end of body and while it aborts. A JSON body in UTF-16/32 is forwarded unchanged (request_priority refuses
-// it where it runs). Server-sent events go out whole: the handler holds at most one incomplete event
+// before reverse_proxy has read the upstream's end of body and while it aborts. A JSON body in UTF-16/32
+// is forwarded unchanged (request_priority refuses it where it runs). Server-sent events go out whole: the handler holds at most one incomplete event
 // and writes each complete one as it arrives, so a stream is not delayed by more than the engine's own
 // chunking.
 //
@@ -311,7 +311,7 @@ func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 	// duration only when the handler returns (caddy v2.11.9 modules/caddyhttp/server.go). Any other panic,
 	// or an abort while the client is there (a broken upstream stream), goes on.
 	defer func() {
-		rec.readAnswer() // an abort skipped finish
+		rec.readAnswer() // here, not in finish: an abort skips finish
 		rec.log(r)
 		if usage, found := rec.counts(); t.ledger != nil && found {
 			t.ledger.add(key, int64(usage.prompt)+int64(usage.completion))
@@ -587,7 +587,7 @@ func (u *usageRecorder) counts() (tokenCounts, bool) {
 	return total, true
 }
 
-// finish sends an incomplete last event as it is and reads a JSON answer's usage.
+// finish sends an incomplete last event as it is.
 func (u *usageRecorder) finish() error {
 	if len(u.pending) > 0 {
 		pending := u.pending
@@ -596,12 +596,11 @@ func (u *usageRecorder) finish() error {
 			return err
 		}
 	}
-	u.readAnswer()
 	return nil
 }
 
-// readAnswer reads a JSON answer's usage from the bytes of it that went to the client. Called when the
-// handler returns and again when it aborts: reverse_proxy aborts when the client hangs up as soon as it
+// readAnswer reads a JSON answer's usage from the bytes of it that went to the client, when the handler
+// returns or aborts: reverse_proxy aborts when the client hangs up as soon as it
 // has the whole answer, before the upstream's end of body is read ("aborting with incomplete response",
 // reading: context canceled), and such an answer was served. A JSON answer cut short does not parse and
 // counts nothing.
