@@ -26,6 +26,7 @@ FRONT = "https://10.231.0.30:8443"
 FRONT_CA = str(CACHE / "front-caddy-root.crt")
 BOX_A = testinfra.get_host("docker://teamserve-box")
 BOX_B = testinfra.get_host("docker://teamserve-box-b")
+FRONT_BOX = testinfra.get_host("docker://teamserve-front")
 FRONT_VARS = yaml.safe_load((GROUP_VARS.parent / "teamserve_gateway" / "main.yml").read_text())
 BOX_B_ENTRY = FRONT_VARS["teamserve_front_extra_upstreams"][0]
 
@@ -47,6 +48,28 @@ def refused(box) -> int:
     out = box.check_output("cat /var/log/caddy/access.log")
     return sum(1 for line in out.splitlines() if '"user":"teamserve-front"' in line
                and "/v1/chat/completions" in line and '"status":503' in line)
+
+
+def front_in_flight() -> dict[str, int]:
+    """The requests the front counts in flight per box address (host:port), as its capacity policy reads
+    them: Caddy's admin API, /reverse_proxy/upstreams, on the front's admin socket."""
+    out = FRONT_BOX.check_output(
+        "curl -sS --max-time 5 --unix-socket /run/caddy/admin.sock http://localhost/reverse_proxy/upstreams")
+    return {upstream["address"]: int(upstream["num_requests"]) for upstream in json.loads(out)}
+
+
+def wait_until_the_front_is_idle(timeout: float = 15.0) -> float:
+    """Wait until the front counts no request in flight on any box, polling every 0.1 s for at most
+    `timeout` seconds. Returns the seconds waited; fails the test after `timeout`.
+
+    A client that hangs up on a stream is still counted until the front has torn its request to the box
+    down; a burst sent in that window is balanced against those streams (the capacity policy)."""
+    start = time.monotonic()
+    while (counts := front_in_flight()) and any(counts.values()):
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"the front still counts requests in flight after {timeout} s: {counts}")
+        time.sleep(0.1)
+    return time.monotonic() - start
 
 
 def ask(key: str, model: str = "tiny", max_tokens: int = 4, headers: dict[str, str] | None = None) -> tuple[int, str]:
@@ -203,7 +226,10 @@ def test_one_users_cap_holds_across_both_boxes(keys):
         release.set()
         for thread in threads:
             thread.join(60)
-    print(f"bob's cap {cap}: {cap} streams on teamserve-box-b, then {refused}; alice {others}")
+        # The next test starts from an idle fleet: the front may still be tearing bob's streams down.
+        settled = wait_until_the_front_is_idle()
+    print(f"bob's cap {cap}: {cap} streams on teamserve-box-b, then {refused}; alice {others}; "
+          f"the front counted none in flight {settled:.2f} s after his clients left")
     assert refused == [(429, "concurrency_limit_exceeded")] * 2
     assert others[0] == 200
 
@@ -212,6 +238,7 @@ def test_a_box_going_down_moves_its_traffic_to_the_other(keys):
     """Bursts of 6 at once reach both boxes. teamserve-box-b's engine stops: after the health window every
     request of every burst is answered by teamserve-box with 200; the seconds until then are printed. Then
     the engine starts again and teamserve-box-b is back in the pool."""
+    wait_until_the_front_is_idle()  # both boxes have room: a burst of 6 reaches each
     assert "fixture-b" in {model for _, model in burst(keys["alice"], 6)}  # box-b takes part
     BOX_B.check_output("systemctl stop fake-openai-upstream")
     start = time.monotonic()
