@@ -404,7 +404,8 @@ def test_eval_agreement_with_another_kv_cache_dtype():
     changed["answers"][0]["answer"] += " (different)"
     low = evaluation.check_eval(answers, "auto", [changed], 0.9, "x.json")
     agreed = len(answers) - 1
-    assert low["status"] == "FAIL" and f"agreement with fp8: {agreed}/{len(answers)}" in low["summary"]
+    # a document an earlier version kept (no pins) names its release at the top
+    assert low["status"] == "FAIL" and f"agreement with fp8 (vLLM {stored['vllm_version']}): {agreed}/{len(answers)}" in low["summary"]
     first = evaluation.check_eval(answers, "auto", [], 0.9, "x.json")
     assert first["status"] == "PASS" and "no answers for another KV-cache dtype yet" in first["summary"]
     assert evaluation.check_eval(None, "auto", [], 0.9, None)["status"] == "SKIP"
@@ -560,3 +561,41 @@ def test_retry_after_falls_back_to_restarts_then_to_the_setting():
     assert retry.teamserve_retry_after([json.dumps({"trigger": "restart", "seconds_to_health": 26.1})], 60) == 27
     assert retry.teamserve_retry_after([], 60) == 60
     assert retry.teamserve_retry_after(["", "[]", json.dumps({"trigger": "deploy", "seconds_to_health": True})], 45) == 45
+
+
+def test_eval_key_names_one_file_per_engine_and_kv_cache_dtype():
+    """The store's folder is per evaluation set and model; its file per engine (version, digest, model revision)
+    and KV-cache dtype, so an upgrade's two releases and check 8's two dtypes never overwrite each other."""
+    pins = {"vllm_version": "0.32.0", "vllm_image_digest": "sha256:" + "ab" * 32, "vllm_model_revision": "0123456789abcdef0123",
+            "caddy_version": "2.10.2"}
+    key = evaluation.eval_key(pins, "fp8_e4m3", "/home/admin/team eval.jsonl", "org/Qwen3-8B")
+    assert key == {"folder": "team_eval.org_Qwen3-8B", "file": "0.32.0-abababababab-0123456789ab.fp8_e4m3.json",
+                   "pins": {"vllm_version": "0.32.0", "vllm_image_digest": "sha256:" + "ab" * 32,
+                            "vllm_model_revision": "0123456789abcdef0123"}}
+    other_release = evaluation.eval_key(dict(pins, vllm_version="0.33.0", vllm_image_digest="sha256:" + "cd" * 32),
+                                        "fp8_e4m3", "team eval.jsonl", "org/Qwen3-8B")
+    other_revision = evaluation.eval_key(dict(pins, vllm_model_revision="fedcba9876543210"), "fp8_e4m3", "x", "m")
+    assert other_release["folder"] == key["folder"] and other_release["file"] != key["file"]
+    assert other_revision["file"] != key["file"]
+    assert evaluation.eval_key({"vllm_version": "0.32.0", "vllm_image_digest": "sha256:1"}, "auto", "e.json", "m")["file"] == "0.32.0-1-none.auto.json"
+    with pytest.raises(AnsibleFilterError, match="vllm_image_digest"):
+        evaluation.eval_key({"vllm_version": "0.32.0"}, "auto", "e.jsonl", "m")
+
+
+def test_eval_latest_picks_the_newest_answers_of_each_other_kv_cache_dtype():
+    folder = "/var/lib/teamserve/eval/eval.tiny"
+    files = [{"path": f"{folder}/0.31.0-aaaaaaaaaaaa-none.fp8.json", "mtime": 100.0},
+             {"path": f"{folder}/0.32.0-bbbbbbbbbbbb-none.fp8.json", "mtime": 200.0},
+             {"path": f"{folder}/0.32.0-bbbbbbbbbbbb-none.auto.json", "mtime": 300.0},
+             {"path": f"{folder}/0.32.0-bbbbbbbbbbbb-none.fp8_e5m2.json", "mtime": 50.0},
+             {"path": f"{folder}/notes.txt", "mtime": 400.0}]
+    assert evaluation.eval_latest(files, "auto") == [f"{folder}/0.32.0-bbbbbbbbbbbb-none.fp8.json",
+                                                     f"{folder}/0.32.0-bbbbbbbbbbbb-none.fp8_e5m2.json"]
+    assert evaluation.eval_latest(files, "fp8") == [f"{folder}/0.32.0-bbbbbbbbbbbb-none.auto.json",
+                                                    f"{folder}/0.32.0-bbbbbbbbbbbb-none.fp8_e5m2.json"]
+    assert evaluation.eval_latest([], "auto") == []
+    stored = data("eval-answers.json")
+    kept = dict(stored, kv_cache_dtype="fp8", pins={"vllm_version": "0.31.0"})
+    result = evaluation.check_eval(stored["answers"], "auto", [kept], 0.9, "/var/lib/teamserve/eval/e.m/f.auto.json")
+    assert "agreement with fp8 (vLLM 0.31.0): " in result["summary"]
+    assert result["measured"]["comparisons"][0]["vllm_version"] == "0.31.0"

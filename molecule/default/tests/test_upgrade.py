@@ -412,9 +412,13 @@ def test_healthy_upgrade_recorded_with_both_releases(previous_release, healthy_u
 
 
 def test_eval_answers_are_kept_per_engine_version(previous_release, healthy_upgrade, host):
-    """Root-only files named by release and digest, with the pins, each prompt's token count and tool calls."""
+    """Root-only files in the box's one store of evaluation answers (verify's check 8 keeps its own there too),
+    named by release, digest, model revision and KV-cache dtype, with the pins, each prompt's token count and
+    tool calls."""
+    folder = host.file("/var/lib/teamserve/eval/eval.tiny")
     for version, digest in (("0.31.0", previous_release["digest"]), ("0.32.0", healthy_upgrade["digest"])):
-        kept = host.file(f"/var/lib/teamserve/eval/{version}-{digest[7:19]}.json")
+        [name] = [n for n in folder.listdir() if n.startswith(f"{version}-{digest[7:19]}-") and n.endswith(".auto.json")]
+        kept = host.file(f"{folder.path}/{name}")
         assert kept.exists and kept.mode == 0o640 and kept.user == "root", (version, digest)
         document = json.loads(kept.content_string)
         assert document["pins"]["vllm_image_digest"] == digest and document["pins"]["vllm_version"] == version

@@ -102,18 +102,27 @@ def test_cold_start_skipped_with_a_reason(checks):
     assert "teamserve_verify_cold_start" in cold["reason"]
 
 
-def test_eval_set_answered_and_stored_per_kv_dtype(checks):
+def test_eval_set_answered_and_kept_on_the_box_per_engine_and_kv_dtype(checks, host):
+    """Check 8 keeps its answers in the box's one store of evaluation answers (the upgrade's too): a root-only
+    file in the folder of the eval set and model, named by the engine's pins and its KV-cache dtype."""
     evaluation = checks[8]
     assert evaluation["status"] == "PASS"
     assert evaluation["measured"]["prompts"] == 6 and evaluation["measured"]["kv_cache_dtype"] == "auto"
-    stored = json.loads(pathlib.Path(evaluation["measured"]["answers_file"]).read_text())
+    path = evaluation["measured"]["answers_file"]
+    kept = host.file(path)
+    assert kept.exists and kept.user == "root" and kept.mode == 0o640, path
+    stored = json.loads(kept.content_string)
     assert stored["kv_cache_dtype"] == "auto" and len(stored["answers"]) == 6
+    pins = stored["pins"]
+    assert path.startswith("/var/lib/teamserve/eval/eval.tiny/"), path
+    assert path.rsplit("/", 1)[1].startswith(f"{pins['vllm_version']}-{pins['vllm_image_digest'][7:19]}-"), path
+    assert path.endswith(".auto.json"), path
 
 
-def test_eval_tool_prompts_are_answered_with_calls_to_the_named_tools(checks):
+def test_eval_tool_prompts_are_answered_with_calls_to_the_named_tools(checks, host):
     """The eval set's tool lines go through the gateway with their tools; for a named function vLLM
     constrains the output to that tool's schema, so even the random-weight model calls it."""
-    stored = json.loads(pathlib.Path(checks[8]["measured"]["answers_file"]).read_text())
+    stored = json.loads(host.file(checks[8]["measured"]["answers_file"]).content_string)
     calls = {a["prompt"]: a["tool_calls"] for a in stored["answers"] if a["tool_calls"]}
     assert len(calls) == 2, stored["answers"]
     weather = calls["What is the weather in Paris? Use the tool."]

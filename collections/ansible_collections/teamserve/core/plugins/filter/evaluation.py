@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -121,6 +122,59 @@ def eval_parse(text: str, source: str = "teamserve_verify_eval_file",
                                  '{"prompt": "What is 2+2?", "expected": "4"}')
     return items
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _slug(value: Any) -> str:
+    """``value`` as one file-name component: characters other than letters, digits, ``_ . -`` become ``_``."""
+    return _UNSAFE.sub("_", str(value)).strip(".") or "_"
+
+
+def _dtype(value: Any) -> str:
+    """A KV-cache dtype as the last dotted part of a file name (no dots)."""
+    return _slug(value).replace(".", "_")
+
+
+def eval_key(pins: Any, kv_cache_dtype: str, eval_file: str, model: str) -> dict[str, Any]:
+    """Where the answers of one engine to one evaluation set are kept in the box's store of evaluation answers.
+
+    ``pins``: the engine's pins (``vllm_version``, ``vllm_image_digest`` as ``sha256:<hex>``, optionally
+    ``vllm_model_revision``; other keys are ignored); ``kv_cache_dtype``: the engine's ``--kv-cache-dtype``;
+    ``eval_file``: the evaluation set's path (only its name is used); ``model``: the served model name.
+
+    Returns ``{"folder": "<eval file stem>.<model>", "file": "<vllm_version>-<digest, 12 hex>-<model revision,
+    12 characters, or 'none'>.<kv_cache_dtype>.json", "pins": the three pins}``: one folder per evaluation set
+    and model, one file per engine and KV-cache dtype (the dtype is the last dotted part before ``.json``; see
+    :func:`eval_latest`). Raises AnsibleFilterError when ``vllm_version`` or ``vllm_image_digest`` is missing.
+    """
+    pins = dict(pins or {}) if isinstance(pins, Mapping) else {}
+    version, digest = pins.get("vllm_version"), str(pins.get("vllm_image_digest") or "")
+    if not version or not digest:
+        raise AnsibleFilterError(f"the evaluation answers need the engine's vllm_version and vllm_image_digest, got {pins!r}; "
+                                 "converge site.yml so the box records its pins")
+    revision = pins.get("vllm_model_revision")
+    stem = re.sub(r"\.jsonl?$", "", str(eval_file).rsplit("/", 1)[-1])
+    engine = f"{_slug(version)}-{_slug(digest.removeprefix('sha256:'))[:12]}-{_slug(revision)[:12] if revision else 'none'}"
+    return {"folder": f"{_slug(stem)}.{_slug(model)}", "file": f"{engine}.{_dtype(kv_cache_dtype)}.json",
+            "pins": {"vllm_version": version, "vllm_image_digest": digest, "vllm_model_revision": revision}}
+
+
+def eval_latest(files: Any, kv_cache_dtype: str) -> list[str]:
+    """The paths of the newest answers kept for each KV-cache dtype other than ``kv_cache_dtype``.
+
+    ``files``: ``ansible.builtin.find``'s ``files`` in one folder of the store (``path``, ``mtime`` in
+    seconds), named as :func:`eval_key` names them. Returns their paths sorted by dtype.
+    """
+    newest: dict[str, Mapping[str, Any]] = {}
+    for entry in files or []:
+        parts = str(entry.get("path", "")).rsplit("/", 1)[-1].split(".")
+        if len(parts) < 3 or parts[-1] != "json" or parts[-2] == _dtype(kv_cache_dtype):
+            continue
+        dtype = parts[-2]
+        if dtype not in newest or float(entry.get("mtime") or 0) > float(newest[dtype].get("mtime") or 0):
+            newest[dtype] = entry
+    return [str(newest[dtype]["path"]) for dtype in sorted(newest)]
+
 
 def _tool_calls(message: Any) -> list[dict[str, Any]]:
     """``[{"name", "arguments"}]`` of a chat message's ``tool_calls``; ``arguments`` parsed from its JSON
@@ -216,9 +270,11 @@ def agreement(current: Any, other: Any) -> dict[str, Any]:
 def check_eval(answers: Any, kv_cache_dtype: str, others: Any, min_agreement: float, answers_file: str) -> Record:
     """Check 8: the admin's evaluation set, compared with the answers stored for other KV-cache dtypes.
 
-    ``answers``: :func:`eval_answers` of this run (None: no eval set, SKIP); ``others``: the stored
-    documents of other dtypes (``{"kv_cache_dtype", "at", "answers"}``). PASS when every comparison agrees
-    at least ``min_agreement`` (0..1). Matches with ``expected`` answers are reported, not judged.
+    ``answers``: :func:`eval_answers` of this run (None: no eval set, SKIP); ``others``: the documents the
+    box keeps for other dtypes, the newest of each (:func:`eval_latest`; ``{"kv_cache_dtype", "at", "pins",
+    "answers"}``, ``pins`` absent in older documents); ``answers_file``: where this run's answers are kept
+    on the box. PASS when every comparison agrees at least ``min_agreement`` (0..1). Matches with
+    ``expected`` answers are reported, not judged.
     """
     if answers is None:
         return skipped(8, 'no evaluation set; set teamserve_verify_eval_file to a JSONL file of {"prompt", "expected"}',
@@ -228,11 +284,13 @@ def check_eval(answers: Any, kv_cache_dtype: str, others: Any, min_agreement: fl
     expected = {"with_expected": len(graded), "matched": matched,
                 "rate": round(matched / len(graded), 4) if graded else None}
     comparisons = [{"kv_cache_dtype": d.get("kv_cache_dtype"), "at": d.get("at"),
+                    "vllm_version": (d.get("pins") or {}).get("vllm_version") or d.get("vllm_version"),
                     **agreement(answers, d.get("answers") or [])}
                    for d in sorted(others or [], key=lambda d: str(d.get("kv_cache_dtype")))]
     low = [c for c in comparisons if c["rate"] is not None and c["rate"] < float(min_agreement)]
-    compared = "; ".join(f"agreement with {c['kv_cache_dtype']}: {c['agreed']}/{c['compared']} (target >= "
-                         f"{min_agreement})" for c in comparisons) or (
+    compared = "; ".join(f"agreement with {c['kv_cache_dtype']}"
+                         f"{' (vLLM ' + str(c['vllm_version']) + ')' if c['vllm_version'] else ''}: "
+                         f"{c['agreed']}/{c['compared']} (target >= {min_agreement})" for c in comparisons) or (
         "no answers for another KV-cache dtype yet (switch vllm_engine.kv_cache_dtype, converge, run verify again)")
     return record(
         8, "FAIL" if low else "PASS",
@@ -248,5 +306,5 @@ class FilterModule:
     """The evaluation set's filters, as ``teamserve.core.verify_<function>``."""
 
     def filters(self) -> dict[str, Any]:
-        functions = (eval_parse, eval_answers, agreement, check_eval)
+        functions = (eval_parse, eval_answers, eval_key, eval_latest, agreement, check_eval)
         return {"completion_body": completion_body, **{f"verify_{f.__name__}": f for f in functions}}
