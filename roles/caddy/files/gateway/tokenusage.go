@@ -51,9 +51,9 @@
 // Only answers with a 2xx status are read; an answer without usage (an error, a cut stream, a body over
 // max_answer) adds no field. A whole JSON answer counts even when its client hangs up on the last byte,
 // before reverse_proxy has read the upstream's end of body and while it aborts. A JSON body in UTF-16/32
-// is forwarded unchanged (request_priority refuses it where it runs). Server-sent events go out whole: the handler holds at most one incomplete event
-// and writes each complete one as it arrives, so a stream is not delayed by more than the engine's own
-// chunking.
+// is forwarded unchanged (request_priority refuses it where it runs). Server-sent events go out whole:
+// the handler holds at most one incomplete event and writes each complete one as it arrives, so a stream
+// is not delayed by more than the engine's own chunking.
 //
 // Source of the shapes: OpenAI's API reference (chat completion chunk, stream_options.include_usage;
 // responses streaming events) and vLLM's OpenAI-compatible server, which emits the usage-only chunk
@@ -600,10 +600,9 @@ func (u *usageRecorder) finish() error {
 }
 
 // readAnswer reads a JSON answer's usage from the bytes of it that went to the client, when the handler
-// returns or aborts: reverse_proxy aborts when the client hangs up as soon as it
-// has the whole answer, before the upstream's end of body is read ("aborting with incomplete response",
-// reading: context canceled), and such an answer was served. A JSON answer cut short does not parse and
-// counts nothing.
+// returns or aborts: reverse_proxy aborts when the client hangs up as soon as it has the whole answer,
+// before the upstream's end of body is read ("aborting with incomplete response", reading: context
+// canceled), and such an answer was served. A JSON answer cut short does not parse and counts nothing.
 func (u *usageRecorder) readAnswer() {
 	if u.found || u.mode != answerJSON || u.overflow || u.answer.Len() == 0 {
 		return
