@@ -11,6 +11,7 @@ box; every loop is bounded in count and time.
 """
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import queue
@@ -100,6 +101,37 @@ def max_concurrent(host, user: str, since: float) -> int:
     return max((int(e["in_flight"]) for e in access_log(host, user, since)), default=0)
 
 
+def admitted(host, user: str, since: float) -> list[dict]:
+    """`user`'s chat requests since `since` (epoch s) that passed the gateway's admission, whatever their
+    status: the access log gives them `in_flight` (a refused one has none)."""
+    entries = [json.loads(line) for line in host.check_output("cat /var/log/caddy/access.log").splitlines()]
+    return [e for e in entries if e.get("user") == user and e["ts"] >= since and e.get("in_flight") is not None
+            and e["request"]["uri"] == "/v1/chat/completions"]
+
+
+def flood_report(host, outcomes: list[str], since: float) -> str:
+    """What the client and the gateway saw of bob's flood: the outcomes counted, and each of bob's
+    access-log entries since `since` (path, status, refusal, in-flight count at admission, seconds, proxy
+    error)."""
+    entries = [json.loads(line) for line in host.check_output("cat /var/log/caddy/access.log").splitlines()]
+    seen = [(e["request"]["uri"], e.get("status"), e.get("refused"), e.get("in_flight"), round(e.get("duration", 0), 2),
+             e.get("upstream_error")) for e in entries if e.get("user") == "bob" and e["ts"] >= since]
+    return f"client: {dict(collections.Counter(outcomes))}; gateway: {seen}"
+
+
+def wait_until_idle(url: str, key: str, verify, user: str) -> None:
+    """Wait (at most 15 s) until the gateway counts nothing of `user` in flight: a GET /v1/models is
+    admitted like any request and its X-Teamserve-In-Flight counts itself."""
+    deadline = time.monotonic() + 15
+    while True:
+        response = httpx.get(f"{url}/models", headers={"Authorization": f"Bearer {key}"}, verify=verify, timeout=30)
+        in_flight = int(response.headers["x-teamserve-in-flight"]) - 1
+        if in_flight == 0:
+            return
+        assert time.monotonic() < deadline, f"the gateway still counts {in_flight} of {user}'s sequences in flight"
+        time.sleep(0.5)
+
+
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18] if len(values) > 1 else values[0]
 
@@ -161,55 +193,79 @@ def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys
 
     baseline = measure()
 
-    outcomes: list[str] = []
-    lock = threading.Lock()
-    # All flood requests leave together. The CPU engine starves the box's other processes while it
-    # generates, so some still reach the gateway after an accepted stream ended (about 10 s here): what
-    # is checked is bob's concurrency as the gateway saw it, from its access log.
-    start_line = threading.Barrier(flood, timeout=60)
-    flood_started = time.time() - 1
+    def flood_round() -> tuple[list[str], float, dict[str, list]]:
+        """bob's flood, 10x his cap of long streams sent together, and the others measured while it holds:
+        (the flood's outcomes, when it started in epoch seconds, the others' TTFTs during it)."""
+        outcomes: list[str] = []
+        lock = threading.Lock()
+        # All flood requests leave together. The CPU engine starves the box's other processes while it
+        # generates, so some still reach the gateway after an accepted stream ended (about 10 s here): what
+        # is checked is bob's concurrency as the gateway saw it, from its access log.
+        start_line = threading.Barrier(flood, timeout=60)
+        flood_started = time.time() - 1
 
-    def flood_stream() -> None:
-        body = {"model": "tiny", "stream": True, "max_tokens": LONG, "ignore_eos": True,
-                "messages": [{"role": "user", "content": "Count."}]}
-        try:
-            with httpx.Client(verify=gateway_verify, timeout=120) as client:
-                start_line.wait()
-                with client.stream("POST", url, json=body,
-                                   headers={"Authorization": f"Bearer {keys['bob']}"}) as response:
-                    if response.status_code != 200:
-                        response.read()
+        def flood_stream() -> None:
+            body = {"model": "tiny", "stream": True, "max_tokens": LONG, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": "Count."}]}
+            try:
+                with httpx.Client(verify=gateway_verify, timeout=120) as client:
+                    start_line.wait()
+                    with client.stream("POST", url, json=body,
+                                       headers={"Authorization": f"Bearer {keys['bob']}"}) as response:
+                        if response.status_code != 200:
+                            response.read()
+                            try:
+                                code = response.json()["error"]["code"]
+                            except (ValueError, KeyError, TypeError):
+                                code = repr(response.text[:80])
+                            with lock:
+                                outcomes.append(f"{response.status_code} {code} "
+                                                f"retry-after={response.headers.get('retry-after')}")
+                            return
                         with lock:
-                            outcomes.append(f"{response.status_code} {response.json()['error']['code']} "
-                                            f"retry-after={response.headers.get('retry-after')}")
-                        return
-                    with lock:
-                        outcomes.append("200")
-                    # Read to the end (about 10-30 s here): Caddy logs a stream the client hangs up on
-                    # with duration 0, and the check below needs each stream's length.
-                    for _ in response.iter_lines():
-                        pass
-        except (httpx.HTTPError, threading.BrokenBarrierError) as err:
-            with lock:
-                outcomes.append(f"error {err!r}")
+                            outcomes.append("200")
+                        # Read to the end (about 5-30 s here): Caddy logs a stream the client hangs up on
+                        # with duration 0, and the check below needs each stream's length.
+                        for _ in response.iter_lines():
+                            pass
+            except (httpx.HTTPError, threading.BrokenBarrierError) as err:
+                with lock:
+                    outcomes.append(f"error {err!r}")
 
-    flooders = []
-    for _ in range(flood):  # bounded: 10x the cap
-        thread = threading.Thread(target=flood_stream, daemon=True)
-        thread.start()
-        flooders.append(thread)
-    try:
-        deadline = time.monotonic() + 120
-        while len(outcomes) < flood and time.monotonic() < deadline:
-            time.sleep(0.2)
-        during = measure()
-        refused = [o for o in outcomes if o != "200"]
-        assert len(outcomes) == flood and cap <= outcomes.count("200") < flood, outcomes
-        assert set(refused) == {"429 concurrency_limit_exceeded retry-after=1"}, outcomes
-    finally:
+        flooders = [threading.Thread(target=flood_stream, daemon=True) for _ in range(flood)]  # bounded: 10x the cap
         for thread in flooders:
-            thread.join(timeout=180)
-    assert max_concurrent(host, "bob", flood_started) == cap
+            thread.start()
+        try:
+            deadline = time.monotonic() + 120
+            while len(outcomes) < flood and time.monotonic() < deadline:
+                time.sleep(0.2)
+            during = measure()
+        finally:
+            for thread in flooders:
+                thread.join(timeout=180)
+        return outcomes, flood_started, during
+
+    # bob starts with nothing in flight (a stream an earlier request left would hold one of his slots).
+    wait_until_idle(base_url(testbed_vars), keys["bob"], gateway_verify, "bob")
+    outcomes, flood_started, during = flood_round()
+    # One more round only when admission did its part - bob held exactly his cap at once - and a stream it
+    # admitted was not served (the engine hop, not admission: that is tests of their own). The first
+    # round is printed whole; a second such round fails below.
+    unserved = [e for e in admitted(host, "bob", flood_started) if e.get("status") != 200]
+    if unserved and max(int(e["in_flight"]) for e in admitted(host, "bob", flood_started)) == cap:
+        with capsys.disabled():
+            print(f"flood round 1: an admitted stream was not served, so one more round: "
+                  f"{flood_report(host, outcomes, flood_started)}")
+        wait_until_idle(base_url(testbed_vars), keys["bob"], gateway_verify, "bob")
+        outcomes, flood_started, during = flood_round()
+    report = flood_report(host, outcomes, flood_started)
+    refused = [o for o in outcomes if o != "200"]
+    assert len(outcomes) == flood and cap <= outcomes.count("200") < flood, report
+    assert set(refused) == {"429 concurrency_limit_exceeded retry-after=1"}, report
+    # As the gateway counted at each admission: bob held his cap at once, never more, and every request it
+    # admitted was served.
+    assert max_concurrent(host, "bob", flood_started) == cap, report
+    assert all(e.get("status") == 200 for e in admitted(host, "bob", flood_started)), report
 
     for phase, results in (("without the flood", baseline), ("during the flood", during)):
         for name, values in results.items():
