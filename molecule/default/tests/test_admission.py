@@ -86,36 +86,36 @@ def ttft(url: str, key: str, verify) -> float | str:
         return first if first is not None else "no token"
 
 
-def access_log(host, user: str, since: float) -> list[dict]:
-    """`user`'s served chat requests since `since` (epoch s) in the gateway's JSON access log."""
+def user_log(host, user: str, since: float) -> list[dict]:
+    """`user`'s entries since `since` (epoch s) in the gateway's JSON access log, every path and status."""
     entries = [json.loads(line) for line in host.check_output("cat /var/log/caddy/access.log").splitlines()]
-    return [e for e in entries if e.get("user") == user and e.get("status") == 200 and e["ts"] >= since
-            and e["request"]["uri"] == "/v1/chat/completions"]
+    return [e for e in entries if e.get("user") == user and e["ts"] >= since]
 
 
-def max_concurrent(host, user: str, since: float) -> int:
-    """Most engine sequences `user` had in flight at once since `since`, as the gateway counted them at
-    each admission (the access log's `in_flight`). The log's start times cannot show it: Caddy stamps a
-    request when it reads its headers, and on the testbed's two cores, which the CPU engine saturates, a
-    request can wait seconds after that before it reaches admission."""
-    return max((int(e["in_flight"]) for e in access_log(host, user, since)), default=0)
+def served(entries: list[dict]) -> list[dict]:
+    """The chat requests among access-log `entries` that were answered 200."""
+    return [e for e in entries if e.get("status") == 200 and e["request"]["uri"] == "/v1/chat/completions"]
 
 
-def admitted(host, user: str, since: float) -> list[dict]:
-    """`user`'s chat requests since `since` (epoch s) that passed the gateway's admission, whatever their
-    status: the access log gives them `in_flight` (a refused one has none)."""
-    entries = [json.loads(line) for line in host.check_output("cat /var/log/caddy/access.log").splitlines()]
-    return [e for e in entries if e.get("user") == user and e["ts"] >= since and e.get("in_flight") is not None
-            and e["request"]["uri"] == "/v1/chat/completions"]
+def admitted(entries: list[dict]) -> list[dict]:
+    """The chat requests among access-log `entries` that passed the gateway's admission, whatever their
+    status: the log gives them `in_flight` (a refused one has none)."""
+    return [e for e in entries if e.get("in_flight") is not None and e["request"]["uri"] == "/v1/chat/completions"]
 
 
-def flood_report(host, outcomes: list[str], since: float) -> str:
-    """What the client and the gateway saw of bob's flood: the outcomes counted, and each of bob's
-    access-log entries since `since` (path, status, refusal, in-flight count at admission, seconds, proxy
-    error)."""
-    entries = [json.loads(line) for line in host.check_output("cat /var/log/caddy/access.log").splitlines()]
+def max_concurrent(entries: list[dict]) -> int:
+    """Most engine sequences one user had in flight at once among their served access-log `entries`, as
+    the gateway counted them at each admission (`in_flight`). The log's start times cannot show it: Caddy
+    stamps a request when it reads its headers, and on the testbed's two cores, which the CPU engine
+    saturates, a request can wait seconds after that before it reaches admission."""
+    return max((int(e["in_flight"]) for e in served(entries)), default=0)
+
+
+def flood_report(outcomes: list[str], entries: list[dict]) -> str:
+    """What the client and the gateway saw of bob's flood: the outcomes counted, and each of his access-log
+    `entries` (path, status, refusal, in-flight count at admission, seconds, proxy error)."""
     seen = [(e["request"]["uri"], e.get("status"), e.get("refused"), e.get("in_flight"), round(e.get("duration", 0), 2),
-             e.get("upstream_error")) for e in entries if e.get("user") == "bob" and e["ts"] >= since]
+             e.get("upstream_error")) for e in entries]
     return f"client: {dict(collections.Counter(outcomes))}; gateway: {seen}"
 
 
@@ -248,24 +248,26 @@ def test_flood_is_capped_per_user_and_others_are_served(host, testbed_vars, keys
     # bob starts with nothing in flight (a stream an earlier request left would hold one of his slots).
     wait_until_idle(base_url(testbed_vars), keys["bob"], gateway_verify, "bob")
     outcomes, flood_started, during = flood_round()
+    entries = user_log(host, "bob", flood_started)
     # One more round only when admission did its part - bob held exactly his cap at once - and a stream it
     # admitted was not served (the engine hop, not admission: that is tests of their own). The first
     # round is printed whole; a second such round fails below.
-    unserved = [e for e in admitted(host, "bob", flood_started) if e.get("status") != 200]
-    if unserved and max(int(e["in_flight"]) for e in admitted(host, "bob", flood_started)) == cap:
+    unserved = [e for e in admitted(entries) if e.get("status") != 200]
+    if unserved and max(int(e["in_flight"]) for e in admitted(entries)) == cap:
         with capsys.disabled():
             print(f"flood round 1: an admitted stream was not served, so one more round: "
-                  f"{flood_report(host, outcomes, flood_started)}")
+                  f"{flood_report(outcomes, entries)}")
         wait_until_idle(base_url(testbed_vars), keys["bob"], gateway_verify, "bob")
         outcomes, flood_started, during = flood_round()
-    report = flood_report(host, outcomes, flood_started)
+        entries = user_log(host, "bob", flood_started)
+    report = flood_report(outcomes, entries)
     refused = [o for o in outcomes if o != "200"]
     assert len(outcomes) == flood and cap <= outcomes.count("200") < flood, report
     assert set(refused) == {"429 concurrency_limit_exceeded retry-after=1"}, report
     # As the gateway counted at each admission: bob held his cap at once, never more, and every request it
     # admitted was served.
-    assert max_concurrent(host, "bob", flood_started) == cap, report
-    assert all(e.get("status") == 200 for e in admitted(host, "bob", flood_started)), report
+    assert max_concurrent(entries) == cap, report
+    assert all(e.get("status") == 200 for e in admitted(entries)), report
 
     for phase, results in (("without the flood", baseline), ("during the flood", during)):
         for name, values in results.items():
@@ -472,7 +474,7 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
     # -100 replaced. The k-th of a user's requests to reach the gateway holds k in flight: the clients
     # start 0.25 s apart, but on a loaded machine two of one user's may reach it in the other order.
     written = {e["request"]["headers"]["X-Test-Name"][0]: (int(e["in_flight"]), int(e["priority"]))
-               for user in ("alice", "bob", "dana") for e in access_log(host, user, sent_epoch)}
+               for user in ("alice", "bob", "dana") for e in served(user_log(host, user, sent_epoch))}
     assert set(written) == {f"alice{i}" for i in range(seqs)} | set(short), written
     by_user = {user: sorted(v for name, v in written.items() if name.startswith(user)) for user in ("alice", "bob")}
     assert by_user == {"alice": [(k + 1, k) for k in range(seqs)], "bob": [(1, 0), (2, 1)]}, written
