@@ -263,3 +263,33 @@ def test_drain_grace_is_two_health_checks_and_a_second(interval, grace):
 def test_drain_grace_refuses_what_is_not_a_duration(interval):
     with pytest.raises(ValueError, match="caddy_upstream_health_interval"):
         front.caddy_front_drain_grace(interval)
+
+
+def test_the_person_passes_the_front_on_its_key_only(tmp_path):
+    """The front names each request's person to the box (X-Teamserve-Person, set from the key it checked, so a
+    client's own header is replaced) and drops the box's X-Teamserve-* answers, so a client sees one set; a box
+    behind a front takes the name on the front's key only, with the person's own cap and lane (rate limits and
+    budgets stay the front's), whether or not the team's keys are on the box; a lone box has no such rows."""
+    users = USERS + [{"name": "bob", "rate_limit": {"events": 60, "window": "1m"}, "lane": "batch", "max_inflight": 3},
+                     {"name": "carol", "rate_limit": {"events": 5, "window": "1m"}}]
+    plan = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048},
+            "admission": {"user_max_inflight": 2}}
+    box_vars = {"vllm_plan": plan, "caddy_users": users, "caddy_tls_mode": "off", "caddy_front_user_key": FLEET_KEY}
+    rendered = render(tmp_path, {"gpu1": box_vars, "solo": {**box_vars, "caddy_front_user_key": ""},
+                                 "front": {**front_host([box(1, 8, ["m"])]), "caddy_users": users}})
+    block = re.search(r"\n\t\ton_behalf_of X-Teamserve-Person teamserve-front \{\n(.*?)\n\t\t\}", rendered["gpu1"], re.S)
+    assert block, rendered["gpu1"]
+    rows = [line.split() for line in block.group(1).splitlines()]
+    assert rows == [["alice", "alice", "0", "2", '""', "interactive", "0", "0"],
+                    ["bob", "bob", "0", "3", '""', "batch", "0", "0"],
+                    ["carol", "carol", "0", "2", '""', "interactive", "0", "0"]], rows
+    assert "log_append <via {api_key_map.on_behalf_of}" in rendered["gpu1"]
+    assert "on_behalf_of" not in rendered["solo"] and "X-Teamserve-Person" not in rendered["solo"]
+    (proxy,) = proxies(rendered["front"])
+    assert "header_up X-Teamserve-Person {teamserve_user}" in proxy, proxy
+    dropped = set(re.findall(r"header_down -(X-Teamserve-[\w-]+)", proxy))
+    assert dropped == {"X-Teamserve-In-Flight", "X-Teamserve-In-Flight-Limit", "X-Teamserve-Tokens-Today",
+                       "X-Teamserve-Tokens-Per-Day", "X-Teamserve-Tokens-Last-Minute",
+                       "X-Teamserve-Tokens-Per-Minute"}, proxy
+    emitted = set(re.findall(r"^\t\theader (X-Teamserve-[\w-]+) ", rendered["front"], re.M))
+    assert emitted <= dropped, emitted - dropped  # every status header the gateway sets is one a front drops

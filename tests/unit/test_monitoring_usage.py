@@ -1,8 +1,9 @@
 """The usage report (roles/monitoring `usage`, playbooks/usage.yml): tokens per user and UTC day from the
 gateway's per-user token counter as Prometheus keeps it. The figures must equal the tokens the counter
 counted in each day (the ground truth the samples are made from), a restart of the counter included; the
-play writes the same rows as CSV and refuses a report longer than Prometheus keeps. The samples are held
-and queried by the real Prometheus of the pinned Debian package (tests/unit/real_prometheus.py)."""
+play writes the same rows as CSV, covers every day Prometheus keeps unless told fewer, and refuses a
+report longer than that. The samples are held and queried by the real Prometheus of the pinned Debian
+package (tests/unit/real_prometheus.py)."""
 
 from __future__ import annotations
 
@@ -78,9 +79,12 @@ def prometheus(tmp_path_factory) -> Iterator[int]:
 
 
 def run_usage(tmp_path: pathlib.Path, port: int, **extra: object) -> subprocess.CompletedProcess:
+    """playbooks/usage.yml against a local box reading ``port``'s Prometheus; ``extra`` sets more host vars,
+    and a None there leaves the role's default in place."""
     box = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
            "monitoring_prometheus_port": port, "monitoring_usage_time": str(NOW), "monitoring_usage_days": 3,
            "monitoring_usage_csv": str(tmp_path / "usage.csv"), **extra}
+    box = {k: v for k, v in box.items() if v is not None}
     (tmp_path / "inventory.yml").write_text(json.dumps({"all": {"children": {"teamserve": {"hosts": {"box": box}}}}}))
     env = {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.json",
@@ -116,6 +120,21 @@ def test_a_report_longer_than_prometheus_keeps_is_refused(tmp_path, prometheus):
     assert run.returncode != 0
     assert "monitoring_usage_days=45 must be within [1, 30]" in run.stdout
     assert not (tmp_path / "usage.csv").exists()
+
+
+@pytest.mark.parametrize(("retention", "days"), [(None, 30), ("7d", 7)], ids=["default-retention", "7d"])
+def test_the_readme_command_reports_every_day_prometheus_keeps(tmp_path, prometheus, retention, days):
+    """`ansible-playbook … playbooks/usage.yml` as the README prints it (no monitoring_usage_days): the report
+    covers the whole days monitoring_prometheus_retention keeps, and counts the same tokens."""
+    run = run_usage(tmp_path, prometheus, monitoring_usage_days=None, monitoring_prometheus_retention=retention)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    tasks = {t["task"]["name"].split(" : ")[-1]: t["hosts"]["box"] for t in json.loads(run.stdout)["plays"][0]["tasks"]}
+    bounds = tasks["Fix the days the report covers"]["ansible_facts"]["__monitoring_usage_bounds"]
+    assert len(bounds) == days + 1 and bounds[0] == NOW // DAY * DAY - (days - 1) * DAY
+    report = tasks["Count the tokens per day and user"]["ansible_facts"]["monitoring_usage"]
+    assert {(r["day"], r["user"]): {"prompt_tokens": r["prompt_tokens"], "completion_tokens": r["completion_tokens"]}
+            for r in report["days"]} == truth()  # the samples span three days, within either report
+    assert (tmp_path / "usage.csv").read_text().startswith("day,user,prompt_tokens,completion_tokens\n")
 
 
 @pytest.mark.parametrize(("text", "days"), [("30d", 30), ("720h", 30), ("1y", 365), ("2w3d", 17), ("36h", 1)])

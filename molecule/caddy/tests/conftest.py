@@ -70,7 +70,7 @@ def access_log_entry(host, request_id: str, timeout: float = 15) -> dict:
     while True:
         for line in host.file("/var/log/caddy/access.log").content_string.splitlines():
             entry = json.loads(line)
-            if entry["request"]["headers"].get("X-Request-Id") == [request_id]:
+            if entry.get("request_id") == request_id:
                 return entry
         assert time.monotonic() < deadline, f"no access log entry for X-Request-Id {request_id}"
         time.sleep(0.3)

@@ -72,6 +72,16 @@ def test_an_empty_user_list_is_refused_before_any_change(host):
     assert host.check_output(f"sha256sum {WATCHED}") == before
 
 
+def test_a_gateway_without_an_in_flight_cap_is_refused_before_any_change(host):
+    before = host.check_output(f"sha256sum {WATCHED}")
+    run = run_converge({"caddy_max_inflight": 0}, timeout=300)
+    assert run.returncode != 0
+    output = " ".join((run.stdout + run.stderr).split())
+    assert "caddy_max_inflight=0 must be a whole number of requests >= 1" in output
+    assert "Remove the override to get the default" in output and "changed=0" in run.stdout
+    assert host.check_output(f"sha256sum {WATCHED}") == before
+
+
 def test_a_log_reader_that_is_not_an_account_is_refused_before_any_change(host):
     before = host.check_output(f"sha256sum {WATCHED}") + host.check_output("getfacl -p /var/log/caddy")
     run = run_converge({"caddy_access_log_readers": ["logreader", "no-such-reader"]}, timeout=300)

@@ -396,7 +396,7 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
         try:
             with httpx.Client(verify=gateway_verify, timeout=300) as client, \
                     client.stream("POST", url, json=body,
-                                  headers={"Authorization": f"Bearer {key}", "X-Test-Name": name,
+                                  headers={"Authorization": f"Bearer {key}", "X-Request-Id": name,
                                            **(headers or {})}) as response:
                 if response.status_code != 200:
                     response.read()
@@ -473,7 +473,7 @@ def test_a_full_batch_takes_users_within_their_share_first(host, testbed_vars, k
     # priority: 0 within the fair share (1 sequence here), one more per sequence past it; bob's forged
     # -100 replaced. The k-th of a user's requests to reach the gateway holds k in flight: the clients
     # start 0.25 s apart, but on a loaded machine two of one user's may reach it in the other order.
-    written = {e["request"]["headers"]["X-Test-Name"][0]: (int(e["in_flight"]), int(e["priority"]))
+    written = {e["request_id"]: (int(e["in_flight"]), int(e["priority"]))
                for user in ("alice", "bob", "dana") for e in served(user_log(host, user, sent_epoch))}
     assert set(written) == {f"alice{i}" for i in range(seqs)} | set(short), written
     by_user = {user: sorted(v for name, v in written.items() if name.startswith(user)) for user in ("alice", "bob")}

@@ -1,8 +1,9 @@
 """Several boxes behind one front gateway (playbooks/front.yml, converged by site.yml): the front
 (teamserve-front) balances over teamserve-box (the REAL vLLM CPU engine, model `tiny`) and teamserve-box-b
 (a test double of the engine behind the real caddy role, answering every request as model `fixture-b`; it
-lists `tiny` and `fixture-b`). Which box answered is told by each box's access log (entries of the front's
-user, teamserve-front) and by the answer's `model`.
+lists `tiny` and `fixture-b`). Which box answered is told by each box's access log (entries of the person the
+front named, via teamserve-front, or of the front's own user on a box that lists no persons) and by the
+answer's `model`.
 
 Traffic goes only to the testbed's containers; every loop is bounded in count and time.
 """
@@ -18,7 +19,7 @@ import openai
 import pytest
 import testinfra
 import yaml
-from conftest import CACHE, GROUP_VARS, engine_cmd, prometheus_query
+from conftest import CACHE, GATEWAY_CA, GROUP_VARS, engine_cmd, prometheus_query
 
 testinfra_hosts = ["ansible://teamserve-front"]
 
@@ -31,10 +32,16 @@ FRONT_VARS = yaml.safe_load((GROUP_VARS.parent / "teamserve_gateway" / "main.yml
 BOX_B_ENTRY = FRONT_VARS["teamserve_front_extra_upstreams"][0]
 
 
+def from_front(line: str) -> bool:
+    """An access-log line of a request the front sent: named for its person (via teamserve-front), or as the
+    front itself on a box that lists no persons (teamserve-box-b)."""
+    return '"via":"teamserve-front"' in line or '"user":"teamserve-front"' in line
+
+
 def served(box) -> int:
-    """Requests the front sent this box so far: its access log's entries of the user teamserve-front."""
+    """Requests the front sent this box so far: its access log's entries from the front (from_front)."""
     out = box.check_output("cat /var/log/caddy/access.log")
-    return sum(1 for line in out.splitlines() if '"user":"teamserve-front"' in line and "/v1/chat/completions" in line)
+    return sum(1 for line in out.splitlines() if from_front(line) and "/v1/chat/completions" in line)
 
 
 def box_a_batch() -> int:
@@ -46,7 +53,7 @@ def box_a_batch() -> int:
 def refused(box) -> int:
     """Requests of the front this box answered 503 so far (its access log, as served())."""
     out = box.check_output("cat /var/log/caddy/access.log")
-    return sum(1 for line in out.splitlines() if '"user":"teamserve-front"' in line
+    return sum(1 for line in out.splitlines() if from_front(line)
                and "/v1/chat/completions" in line and '"status":503' in line)
 
 
@@ -168,6 +175,50 @@ def test_a_model_only_one_box_serves_goes_to_that_box(keys):
     before = served(BOX_A), served(BOX_B)
     assert [ask(keys["alice"], "fixture-b") for _ in range(4)] == [(200, "fixture-b")] * 4
     assert (served(BOX_A) - before[0], served(BOX_B) - before[1]) == (0, 4)
+
+
+def last_entry(box, request_id: str) -> dict:
+    """The box's access-log entry of the request sent with X-Request-Id: request_id (the front passes the
+    header on)."""
+    out = box.check_output("cat /var/log/caddy/access.log")
+    entries = [json.loads(line) for line in out.splitlines() if request_id in line]
+    found = [e for e in entries if e.get("request_id") == request_id]
+    assert found, f"no entry for {request_id} on the box"
+    return found[-1]
+
+
+def test_the_box_sees_the_person_not_the_front(keys):
+    """A request through the front reaches the engine's box as its person: the box's log names bob (via
+    teamserve-front), counted and prioritised as bob; a client's own X-Teamserve-Person, to the
+    front or to the box directly, names nobody; and the client sees one set of X-Teamserve-* headers, the
+    front's. teamserve-box-b lists no persons, so the requests go until one is answered by teamserve-box
+    (model `tiny`), at most 8."""
+    tag = f"person-{time.time_ns()}"
+    with httpx.Client(verify=FRONT_CA, timeout=60) as client:
+        for n in range(8):
+            answer = client.post(f"{FRONT}/v1/chat/completions", json={
+                "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
+                headers={"Authorization": f"Bearer {keys['bob']}", "X-Teamserve-Person": "alice",
+                         "X-Request-Id": f"{tag}-{n}"})
+            assert answer.status_code == 200, answer.text[:300]
+            if answer.json()["model"] == "tiny":
+                break
+        else:
+            pytest.fail("8 requests for tiny through the front, none answered by teamserve-box")
+    assert len(answer.headers.get_list("X-Teamserve-In-Flight")) == 1, answer.headers
+    assert len(answer.headers.get_list("X-Teamserve-In-Flight-Limit")) == 1, answer.headers
+    entry = last_entry(BOX_A, f"{tag}-{n}")
+    # bob's own count and priority at the box (his cap, his fair share), not the front's
+    assert (entry.get("user"), entry.get("via")) == ("bob", "teamserve-front") and "priority" in entry, entry
+    # To the box directly (the testbed's controller may reach it), a client's header names nobody.
+    with httpx.Client(verify=str(GATEWAY_CA), timeout=60) as client:
+        answer = client.post("https://10.231.0.10:8443/v1/chat/completions", json={
+            "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
+            headers={"Authorization": f"Bearer {keys['bob']}", "X-Teamserve-Person": "alice",
+                     "X-Request-Id": f"{tag}-direct"})
+    assert answer.status_code == 200, answer.text[:300]
+    entry = last_entry(BOX_A, f"{tag}-direct")
+    assert (entry.get("user"), entry.get("via")) == ("bob", ""), entry
 
 
 def burst(key: str, count: int, headers: dict[str, str] | None = None) -> list[tuple[int, str]]:

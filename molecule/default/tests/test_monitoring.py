@@ -161,6 +161,26 @@ def test_status_view_prints_what_prometheus_holds(host, keys):
     assert [line for line in front_printed if line.startswith("  teamserve-box (10.231.0.10:8443): healthy; engine up")]
 
 
+def test_usage_report_as_the_readme_runs_it(host, tmp_path):
+    """playbooks/usage.yml with the role's defaults (no monitoring_usage_days) reports on the box and the front:
+    every whole day the box's Prometheus keeps, a CSV each, and alice's tokens on the box (the cold start
+    streamed through the gateway as her). The CSVs go to tmp_path rather than the directory the tests run in."""
+    retention = re.search(r"--storage\.tsdb\.retention\.time=(\d+)d", host.file("/etc/default/prometheus").content_string)
+    assert retention, host.file("/etc/default/prometheus").content_string
+    run = ansible_playbook(REPO / "playbooks" / "usage.yml",
+                           {"monitoring_usage_csv": f"{tmp_path}/usage-{{{{ inventory_hostname }}}}.csv"},
+                           stdout_callback="ansible.builtin.json", timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    tasks = {t["task"]["name"].split(" : ")[-1]: t["hosts"] for t in json_callback_document(run.stdout)["plays"][0]["tasks"]}
+    for box in ("teamserve-box", "teamserve-front"):
+        bounds = tasks["Fix the days the report covers"][box]["ansible_facts"]["__monitoring_usage_bounds"]
+        assert len(bounds) == int(retention.group(1)) + 1, (box, bounds)
+        csv = (tmp_path / f"usage-{box}.csv").read_text().splitlines()
+        assert csv[0] == "day,user,prompt_tokens,completion_tokens", (box, csv)
+        if box == "teamserve-box":
+            assert any(row.split(",")[1] == "alice" for row in csv[1:]), csv
+
+
 def test_every_dashboard_query_reads_scraped_metrics(host):
     """DCGM_ metrics come from NVIDIA's exporter, which the testbed (no GPU) does not run."""
     scraped = set(json.loads(host.check_output("curl -sf http://127.0.0.1:9090/api/v1/label/__name__/values"))["data"])

@@ -263,6 +263,30 @@ def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1,
     return sorted(result, key=lambda u: u["name"])
 
 
+def caddy_front_persons(users: list, default_max_inflight: Any = 1) -> list[dict]:
+    """The persons a front gateway may name to this box (the Caddyfile's ``on_behalf_of`` rows).
+
+    Input: the (already checked) ``caddy_users`` and ``default_max_inflight`` (engine sequences;
+    caddy_user_max_inflight) for users without their own ``max_inflight``. No key is needed: only the
+    front's key may name a person, and the front has refused a revoked or unknown key already. Output: one
+    dict per user, sorted by name: ``name``, ``max_inflight`` (int engine sequences, as in
+    caddy_users_effective), ``lane`` and ``expires_epoch`` (int Unix seconds, 0 = never). Rate limits and
+    token budgets are the front's, which holds them across the fleet, so the rows carry none.
+    """
+    result = []
+    for user in users:
+        lane = user.get("lane") or "interactive"
+        cap = user.get("max_inflight")
+        expires = user.get("expires")
+        result.append({
+            "name": user["name"],
+            "max_inflight": int(cap) if cap is not None else caddy_user_lane_cap(lane, default_max_inflight),
+            "lane": lane,
+            "expires_epoch": caddy_expiry_epoch(expires) if expires not in (None, "") else 0,
+        })
+    return sorted(result, key=lambda u: u["name"])
+
+
 def caddy_rate_tiers(effective_users: list[dict]) -> list[dict]:
     """The distinct rate limits of ``effective_users`` (caddy_users_effective's output), one per zone.
 
@@ -288,6 +312,7 @@ class FilterModule:
             "caddy_users_problems": caddy_users_problems,
             "caddy_users_effective": caddy_users_effective,
             "caddy_rate_tiers": caddy_rate_tiers,
+            "caddy_front_persons": caddy_front_persons,
             "caddy_users_without_key": caddy_users_without_key,
             "caddy_users_expired": caddy_users_expired,
             "caddy_expiry_epoch": caddy_expiry_epoch,

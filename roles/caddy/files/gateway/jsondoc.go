@@ -221,16 +221,92 @@ func withMember(doc []byte, name string, value []byte) []byte {
 // withoutMember returns the object doc (docObject) without its top-level members named name. The other
 // members keep their bytes and order; the spacing between members is not kept (they are joined by ",").
 func withoutMember(doc []byte, name string) []byte {
-	out := make([]byte, 1, len(doc))
-	out[0] = '{'
+	return appendWithoutMember(make([]byte, 0, len(doc)), doc, name)
+}
+
+// appendWithoutMember appends withoutMember(doc, name) to out.
+func appendWithoutMember(out, doc []byte, name string) []byte {
+	out = append(out, '{')
+	open := len(out)
 	members(doc, func(m member) {
 		if isName(m.name, name) {
 			return
 		}
-		if len(out) > 1 {
+		if len(out) > open {
 			out = append(out, ',')
 		}
 		out = append(out, doc[m.nameStart:m.end]...)
 	})
 	return append(out, '}')
+}
+
+// engineBool reads a valid JSON value as pydantic's lax bool validation does (vLLM's request models
+// declare stream, include_usage, use_beam_search and the like as bool, and FastAPI validates the
+// parsed body in lax mode): true, false; a number equal to 1 or 0 (1, 1.0, 1e0, -0; Python's float
+// rounding, which strconv.ParseFloat shares); a string that is, ignoring ASCII case only, one of
+// 1 t y on yes true or 0 f n no off false (no trimming; escapes decoded). ok is false for null and for
+// anything pydantic refuses (the engine then answers 422 itself). Source: pydantic-core's str_as_bool
+// and int/float bool checks, as pydantic 2.14.4 with FastAPI 0.136.3 (vLLM 0.32.0's lock) answered
+// testdata/pydantic_bool.json.
+func engineBool(value []byte) (b, ok bool) {
+	if len(value) == 0 {
+		return false, false
+	}
+	switch value[0] {
+	case 't':
+		return true, string(value) == "true"
+	case 'f':
+		return false, string(value) == "false"
+	case '"':
+		s := value[1 : len(value)-1]
+		if bytes.IndexByte(value, '\\') >= 0 {
+			var decoded string
+			if json.Unmarshal(value, &decoded) != nil {
+				return false, false
+			}
+			s = []byte(decoded)
+		}
+		for _, word := range [...]string{"1", "t", "y", "on", "yes", "true"} {
+			if asciiEqualFold(s, word) {
+				return true, true
+			}
+		}
+		for _, word := range [...]string{"0", "f", "n", "no", "off", "false"} {
+			if asciiEqualFold(s, word) {
+				return false, true
+			}
+		}
+		return false, false
+	}
+	if !isNumber(value) {
+		return false, false
+	}
+	f, err := strconv.ParseFloat(string(value), 64)
+	switch {
+	case err != nil:
+		return false, false
+	case f == 1:
+		return true, true
+	case f == 0:
+		return false, true
+	}
+	return false, false
+}
+
+// asciiEqualFold reports whether s is word, ignoring the case of ASCII letters only (Rust's
+// eq_ignore_ascii_case; strings.EqualFold would also fold "ſ" to "s" and "K" to "k").
+func asciiEqualFold(s []byte, word string) bool {
+	if len(s) != len(word) {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != word[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -19,6 +19,23 @@
 // Authorization headers or an unknown key all get the defaults. Every destination is set on every
 // request, so nothing from a client's own headers can stand in for a value.
 //
+// On behalf of: a gateway that passes requests on (a front gateway in front of this box) names the
+// person it authenticated in a request header, and only its own key may do so:
+//
+//	api_key_map {user} {expires} {max_inflight} {tier} {
+//		<sha256 of the front's key> teamserve-front 0 16 tier-0
+//		on_behalf_of X-Teamserve-Person teamserve-front {
+//			alice alice 0 8 ""
+//			bob bob 0 2 ""
+//		}
+//	}
+//
+// A request whose key maps to the user named after the header (the first destination's output) and
+// whose only value of that header names a listed person gets the person's outputs instead of the key's,
+// and {api_key_map.on_behalf_of} is that user's name; any other request keeps its own key's outputs,
+// and a header naming nobody listed leaves the key's own (the hop is served as itself). The header is
+// removed from every request, so no other caller's header reaches a handler or the engine.
+//
 // A fast hash is enough here because the keys are long random strings (the caddy role issues 48
 // alphanumerics, about 285 bits): a slow, salted password hash exists for secrets a person chose,
 // which can be guessed from a dictionary; a 285-bit random key cannot.
@@ -55,9 +72,25 @@ type KeyMap struct {
 	// empty).
 	Defaults []string `json:"defaults,omitempty"`
 
+	// OnBehalfOf, if set, lets one user's requests name the person they are for (see the file comment).
+	OnBehalfOf *OnBehalfOf `json:"on_behalf_of,omitempty"`
+
 	names []string
 	index map[[sha256.Size]byte][]string
 }
+
+// OnBehalfOf is the persons a hop (a front gateway) may name, and how.
+type OnBehalfOf struct {
+	// Header is the request header that names the person.
+	Header string `json:"header"`
+	// User is the first destination's output for the hop's key (its user name).
+	User string `json:"user"`
+	// Persons maps a person's name to one output per destination.
+	Persons map[string][]string `json:"persons"`
+}
+
+// OnBehalfOfPlaceholder is set to the hop's user name when a request is taken as its person's, "" otherwise.
+const OnBehalfOfPlaceholder = "api_key_map.on_behalf_of"
 
 // KeyMapping is one known key.
 type KeyMapping struct {
@@ -111,6 +144,17 @@ func (m *KeyMap) Validate() error {
 	if len(m.Defaults) != 0 && len(m.Defaults) != len(m.Destinations) {
 		return fmt.Errorf("api_key_map: %d defaults for %d destinations", len(m.Defaults), len(m.Destinations))
 	}
+	if o := m.OnBehalfOf; o != nil {
+		if o.Header == "" || o.User == "" {
+			return fmt.Errorf("api_key_map: on_behalf_of needs a header and a user, got %q and %q", o.Header, o.User)
+		}
+		for person, outputs := range o.Persons {
+			if len(outputs) != len(m.Destinations) {
+				return fmt.Errorf("api_key_map: on_behalf_of person %q has %d outputs for %d destinations",
+					person, len(outputs), len(m.Destinations))
+			}
+		}
+	}
 	seen := make(map[string]int, len(m.Keys))
 	for i, k := range m.Keys {
 		if len(k.SHA256) != 2*sha256.Size || strings.ToLower(k.SHA256) != k.SHA256 {
@@ -146,21 +190,39 @@ func bearerKey(r *http.Request) (string, bool) {
 	return v[len(scheme):], true
 }
 
-// lookup returns the outputs for the request's key, or the defaults.
-func (m *KeyMap) lookup(r *http.Request) []string {
+// lookup returns the outputs for the request's key, or the defaults, and the hop's user name when the
+// outputs are the person's it named.
+func (m *KeyMap) lookup(r *http.Request) ([]string, string) {
+	out := m.Defaults
 	if key, ok := bearerKey(r); ok {
-		if out, found := m.index[sha256.Sum256([]byte(key))]; found {
-			return out
+		if known, found := m.index[sha256.Sum256([]byte(key))]; found {
+			out = known
 		}
 	}
-	return m.Defaults
+	o := m.OnBehalfOf
+	if o == nil {
+		return out, ""
+	}
+	named := r.Header.Values(o.Header)
+	r.Header.Del(o.Header)
+	if len(out) == 0 || out[0] != o.User || len(named) != 1 {
+		return out, ""
+	}
+	if person, found := o.Persons[named[0]]; found {
+		return person, o.User
+	}
+	return out, ""
 }
 
 // ServeHTTP sets every destination placeholder and calls the next handler.
 func (m *KeyMap) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	for i, value := range m.lookup(r) {
+	outputs, via := m.lookup(r)
+	for i, value := range outputs {
 		repl.Set(m.names[i], value)
+	}
+	if m.OnBehalfOf != nil {
+		repl.Set(OnBehalfOfPlaceholder, via)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -170,6 +232,9 @@ func (m *KeyMap) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 //	api_key_map <destinations...> {
 //		<sha256> <outputs...>
 //		default <defaults...>
+//		on_behalf_of <header> <user> {
+//			<person> <outputs...>
+//		}
 //	}
 func (m *KeyMap) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
@@ -181,6 +246,24 @@ func (m *KeyMap) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		first := d.Val()
 		outputs := d.RemainingArgs()
+		if first == "on_behalf_of" {
+			if m.OnBehalfOf != nil {
+				return d.Err("api_key_map: on_behalf_of given twice")
+			}
+			if len(outputs) != 2 {
+				return d.Errf("api_key_map: on_behalf_of takes <header> <user>, got %d arguments", len(outputs))
+			}
+			o := &OnBehalfOf{Header: outputs[0], User: outputs[1], Persons: map[string][]string{}}
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				person := d.Val()
+				if _, dup := o.Persons[person]; dup {
+					return d.Errf("api_key_map: on_behalf_of person %q given twice", person)
+				}
+				o.Persons[person] = d.RemainingArgs()
+			}
+			m.OnBehalfOf = o
+			continue
+		}
 		if first == "default" {
 			if seenDefault {
 				return d.Err("api_key_map: default given twice")

@@ -237,10 +237,100 @@ func BenchmarkLookup(b *testing.B) {
 		r.Header.Set("Authorization", fmt.Sprintf("Bearer key-%d", n-1))
 		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
-				if m.lookup(r)[0] != "u" {
+				if out, _ := m.lookup(r); out[0] != "u" {
 					b.Fatal("not found")
 				}
 			}
 		})
+	}
+}
+
+const frontKey = "k3yOfTheFrontGatewayWith48CharactersZZZZZZZZZZZZZ"
+
+// A front gateway's key may name the person a request is for (X-Teamserve-Person): the person's own
+// values apply. Nobody else's header counts, a name nobody listed leaves the front's own values, and the
+// header never reaches the handlers after the map (nor the engine).
+func TestOnBehalfOfOnlyForTheHopsKey(t *testing.T) {
+	m := userMap(t)
+	m.Keys = append(m.Keys, KeyMapping{SHA256: sum(frontKey), Outputs: []string{"teamserve-front", "0", "16", "tier-0"}})
+	m.OnBehalfOf = &OnBehalfOf{Header: "X-Teamserve-Person", User: "teamserve-front", Persons: map[string][]string{
+		"alice": {"alice", "0", "8", ""}, "carol": {"carol", "1767225600", "1", ""}}}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := m.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		key     string
+		persons []string
+		want    string
+		via     string
+	}{
+		{frontKey, []string{"alice"}, "alice|0|8|", "teamserve-front"},
+		{frontKey, []string{"carol"}, "carol|1767225600|1|", "teamserve-front"},
+		{frontKey, nil, "teamserve-front|0|16|tier-0", ""},
+		{frontKey, []string{"mallory"}, "teamserve-front|0|16|tier-0", ""},
+		{frontKey, []string{"alice", "carol"}, "teamserve-front|0|16|tier-0", ""},
+		{frontKey, []string{"Alice"}, "teamserve-front|0|16|tier-0", ""},
+		{bobKey, []string{"alice"}, "bob|1767225600|1|tier-2", ""},
+		{"no-such-key", []string{"alice"}, "|0|1|", ""},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		r.Header.Set("Authorization", "Bearer "+c.key)
+		for _, p := range c.persons {
+			r.Header.Add("X-Teamserve-Person", p)
+		}
+		repl := caddy.NewReplacer()
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		var got, via string
+		var leaked []string
+		next := caddyhttp.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) error {
+			var seen []string
+			for _, name := range []string{"user", "expires", "max_inflight", "tier"} {
+				value, _ := repl.Get(name)
+				seen = append(seen, fmt.Sprint(value))
+			}
+			got, leaked = strings.Join(seen, "|"), r.Header.Values("X-Teamserve-Person")
+			v, _ := repl.Get(OnBehalfOfPlaceholder)
+			via = fmt.Sprint(v)
+			return nil
+		})
+		if err := m.ServeHTTP(httptest.NewRecorder(), r, next); err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want || via != c.via || len(leaked) != 0 {
+			t.Errorf("key %.12s... naming %v: %s via %q (header after the map: %v), want %s via %q",
+				c.key, c.persons, got, via, leaked, c.want, c.via)
+		}
+	}
+}
+
+func TestOnBehalfOfCaddyfile(t *testing.T) {
+	m := new(KeyMap)
+	err := m.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`api_key_map {user} {cap} {
+		` + sum(frontKey) + ` teamserve-front 16
+		default "" 1
+		on_behalf_of X-Teamserve-Person teamserve-front {
+			alice alice 8
+			bob bob 2
+		}
+	}`))
+	if err != nil || m.OnBehalfOf == nil || m.OnBehalfOf.Header != "X-Teamserve-Person" ||
+		len(m.OnBehalfOf.Persons) != 2 || m.OnBehalfOf.Persons["bob"][1] != "2" || len(m.Keys) != 1 {
+		t.Fatalf("%+v %v", m.OnBehalfOf, err)
+	}
+	for _, bad := range []string{
+		"api_key_map {user} {\n on_behalf_of X-P\n}",
+		"api_key_map {user} {\n on_behalf_of X-P f {\n a a\n a a\n }\n}",
+		"api_key_map {user} {\n on_behalf_of X-P f {\n }\n on_behalf_of X-P f {\n }\n}",
+	} {
+		if err := new(KeyMap).UnmarshalCaddyfile(caddyfile.NewTestDispenser(bad)); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+	bad := &KeyMap{Destinations: []string{"{user}", "{cap}"}, OnBehalfOf: &OnBehalfOf{Header: "X-P", User: "f",
+		Persons: map[string][]string{"a": {"a"}}}}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), `"a" has 1 outputs for 2 destinations`) {
+		t.Errorf("validate: %v", err)
 	}
 }

@@ -42,6 +42,12 @@
 // engine would decode it and the gateway would not have replaced its priority. The value is also set
 // as the placeholder {request_priority}, e.g. for log_append.
 //
+// Beam search: vLLM 0.32 runs a request with use_beam_search (true as pydantic reads it) as one engine
+// request per beam and step, none of them with the request's priority (entrypoints/generate/beam_search/
+// online.py), so it would run ahead of its lane. Such a request is served only when its priority is 0;
+// otherwise it is refused with 400 unsupported_field naming use_beam_search. Its beams are n, which
+// request_cost already charges.
+//
 // A priority other than 0 is an error for an engine without --scheduling-policy priority: use this
 // handler only in front of such an engine (not in front of a fallback that does not know the field).
 //
@@ -212,6 +218,14 @@ func (p *RequestPriority) ServeHTTP(w http.ResponseWriter, r *http.Request, next
 		return writeOpenAIError(w, http.StatusBadRequest, "The request body must be JSON encoded as UTF-8.",
 			"invalid_request_error", "", CodeUnsupportedEncoding, 0)
 	case docObject:
+		if beam, _ := engineBool(lastMember(doc, "use_beam_search")); beam && priority > 0 {
+			logRefusal(r, CodeUnsupportedField)
+			return writeOpenAIError(w, http.StatusBadRequest, fmt.Sprintf("Beam search is served only to requests "+
+				"that run first: the engine runs each beam step as a request of its own at the first priority, "+
+				"and this request would wait behind others at priority %d (your lane, or more of your sequences "+
+				"in flight than your fair share). Send it without use_beam_search, or when fewer of your "+
+				"requests are in flight.", priority), "invalid_request_error", "use_beam_search", CodeUnsupportedField, 0)
+		}
 		if p.ReplaceOnly && !hasMember(doc, "priority") {
 			break
 		}

@@ -383,3 +383,33 @@ func TestEngineJSON(t *testing.T) {
 		}
 	}
 }
+
+// Beam search runs every beam step at the engine's first priority: it is served at priority 0 only, and
+// refused naming use_beam_search, in any spelling the engine reads as true, where it would jump a lane.
+func TestPriorityBeamSearchKeepsItsLane(t *testing.T) {
+	p := newRequestPriority(t, RequestPriority{Lane: "{lane}"})
+	for _, tc := range []struct {
+		body     string
+		inFlight int
+		lane     string
+		served   bool
+	}{
+		{`{"use_beam_search":true,"n":2}`, 2, "", true},
+		{`{"use_beam_search":true,"n":2}`, 3, "", false},
+		{`{"use_beam_search":"yes"}`, 1, "batch", false},
+		{`{"use_beam_search":true,"use_beam_search":0}`, 1, "batch", true},
+		{`{"use_beam_\u0073earch":1}`, 1, "batch", false},
+		{`{"use_beam_search":false}`, 1, "batch", true},
+	} {
+		got, w := runPriority(t, p, priorityRequest(tc.body, tc.inFlight, 2, tc.lane, false))
+		if served := got != nil; served != tc.served {
+			t.Errorf("%s in flight %d lane %q: served %v, want %v (%d %s)", tc.body, tc.inFlight, tc.lane, served, tc.served, w.Code, w.Body)
+			continue
+		}
+		if !tc.served {
+			if e := errorOf(t, w); w.Code != http.StatusBadRequest || e.Code != CodeUnsupportedField || e.Param == nil || *e.Param != "use_beam_search" {
+				t.Errorf("%s: %d %s, want 400 unsupported_field naming use_beam_search", tc.body, w.Code, w.Body)
+			}
+		}
+	}
+}

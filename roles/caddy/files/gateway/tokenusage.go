@@ -8,7 +8,6 @@
 //
 //	token_usage [{
 //		max_size       <bytes>        # the most request body bytes read (default 64 MiB; larger: 413)
-//		max_answer     <bytes>        # the most bytes of a non-streamed answer kept to read its usage (default 4 MiB)
 //		key            <placeholder>  # whose tokens, e.g. {teamserve_user}; needs ledger
 //		ledger         <file>         # where the day's counts per key are kept (tokenbudget.go)
 //		tokens_per_day <n|placeholder> # the key's daily budget, prompt + completion tokens; 0 = none
@@ -32,7 +31,8 @@
 // What is read, in vLLM's and OpenAI's shapes:
 //
 //   - a JSON answer (chat, completions, embeddings, responses): its top-level "usage"
-//     {"prompt_tokens", "completion_tokens"} or, for /v1/responses, {"input_tokens", "output_tokens"};
+//     {"prompt_tokens", "completion_tokens"} or, for /v1/responses, {"input_tokens", "output_tokens"},
+//     found as the answer passes (usagescan.go): an answer of any size counts, and none is held;
 //   - a server-sent-events stream: the "usage" of its usage-only chunk (with stream_options
 //     include_usage the engine sends it last, with empty "choices"), or, for /v1/responses, the
 //     "response"."usage" of its response.completed event;
@@ -42,18 +42,21 @@
 //     their last completion_tokens. Exact for one prompt and n = 1; with several prompts in one
 //     completions request, a cut stream counts the longest prompt only.
 //
-// A stream counts only if the engine is asked for its usage, so a JSON object body with "stream": true
-// gets "stream_options" {"include_usage": true, "continuous_usage_stats": true} (other stream_options
-// members kept; every other byte of the body as the client sent it), and what the client did not ask
-// for is taken out of the stream before it reaches the client: the usage-only chunk, and the "usage"
-// member of every other chunk. A client that asked keeps them.
+// A stream counts only if the engine is asked for its usage, so a JSON object body that asks for a
+// stream gets "stream_options" {"include_usage": true, "continuous_usage_stats": true} (other
+// stream_options members kept; every other byte of the body as the client sent it), and what the client
+// did not ask for is taken out of the stream before it reaches the client: the usage-only chunk, and the
+// "usage" member of every other chunk. A client that asked keeps them. "Asks" is read as the engine
+// reads a bool (engineBool): "stream": 1, "true", "yes" or 1.0 stream as true does, and are asked for
+// usage the same way; so are include_usage and continuous_usage_stats.
 //
-// Only answers with a 2xx status are read; an answer without usage (an error, a cut stream, a body over
-// max_answer) adds no field. A whole JSON answer counts even when its client hangs up on the last byte,
-// before reverse_proxy has read the upstream's end of body and while it aborts. A JSON body in UTF-16/32
+// Only answers with a 2xx status are read; an answer without usage (an error, a cut stream) adds no
+// field. A whole JSON answer counts even when its client hangs up on the last byte, before
+// reverse_proxy has read the upstream's end of body and while it aborts. A JSON body in UTF-16/32
 // is forwarded unchanged (request_priority refuses it where it runs). Server-sent events go out whole:
 // the handler holds at most one incomplete event and writes each complete one as it arrives, so a stream
-// is not delayed by more than the engine's own chunking.
+// is not delayed by more than the engine's own chunking. Cost per event: one validity pass and a walk of
+// the chunk's top-level members, with no allocation (encoding/json's decoder took 18 allocations a chunk).
 //
 // Source of the shapes: OpenAI's API reference (chat completion chunk, stream_options.include_usage;
 // responses streaming events) and vLLM's OpenAI-compatible server, which emits the usage-only chunk
@@ -84,10 +87,6 @@ const (
 	CompletionTokensLogField = "completion_tokens"
 )
 
-// DefaultMaxAnswer is the most bytes of a non-streamed answer kept to read its usage unless max_answer
-// says otherwise: a chat answer of the largest context the planner allows is well under it.
-const DefaultMaxAnswer = 4 << 20
-
 func init() {
 	caddy.RegisterModule(TokenUsage{})
 	httpcaddyfile.RegisterHandlerDirective("token_usage", parseTokenUsageCaddyfile)
@@ -98,8 +97,6 @@ func init() {
 type TokenUsage struct {
 	// MaxSize is the most request body bytes read; a larger body is refused with 413. Default DefaultBodyMax.
 	MaxSize int64 `json:"max_size,omitempty"`
-	// MaxAnswer is the most bytes of a non-streamed answer kept to read its usage. Default DefaultMaxAnswer.
-	MaxAnswer int64 `json:"max_answer,omitempty"`
 	// Key names whose tokens a request's are (placeholders, expanded per request). Needs Ledger.
 	Key string `json:"key,omitempty"`
 	// Ledger is the file the day's tokens per key are kept in. Needs Key.
@@ -143,9 +140,6 @@ func (t *TokenUsage) Provision(ctx caddy.Context) error {
 	if t.MaxSize == 0 {
 		t.MaxSize = DefaultBodyMax
 	}
-	if t.MaxAnswer == 0 {
-		t.MaxAnswer = DefaultMaxAnswer
-	}
 	if err := t.Validate(); err != nil {
 		return err
 	}
@@ -174,9 +168,6 @@ func (t *TokenUsage) Cleanup() error {
 func (t *TokenUsage) Validate() error {
 	if t.MaxSize < 0 {
 		return fmt.Errorf("token_usage: max_size %d must be >= 1 byte", t.MaxSize)
-	}
-	if t.MaxAnswer < 0 {
-		return fmt.Errorf("token_usage: max_answer %d must be >= 1 byte", t.MaxAnswer)
 	}
 	if (t.Key == "") != (t.Ledger == "") {
 		return fmt.Errorf("token_usage: key and ledger go together (key %q, ledger %q)", t.Key, t.Ledger)
@@ -223,32 +214,6 @@ func parseTokens(s string) (int64, error) {
 // tokenCounts is an answer's usage, in tokens.
 type tokenCounts struct {
 	prompt, completion int
-}
-
-// usageJSON is "usage" in either naming (chat/completions/embeddings, or responses).
-type usageJSON struct {
-	PromptTokens     *int `json:"prompt_tokens"`
-	CompletionTokens *int `json:"completion_tokens"`
-	InputTokens      *int `json:"input_tokens"`
-	OutputTokens     *int `json:"output_tokens"`
-}
-
-func (u *usageJSON) counts() (tokenCounts, bool) {
-	if u == nil {
-		return tokenCounts{}, false
-	}
-	prompt, completion := u.PromptTokens, u.CompletionTokens
-	if prompt == nil {
-		prompt, completion = u.InputTokens, u.OutputTokens
-	}
-	if prompt == nil || *prompt < 0 || completion != nil && *completion < 0 {
-		return tokenCounts{}, false
-	}
-	c := tokenCounts{prompt: *prompt}
-	if completion != nil { // embeddings have none
-		c.completion = *completion
-	}
-	return c, true
 }
 
 // ServeHTTP refuses a key past its budget, asks a stream for its usage, then reads the usage from the
@@ -304,14 +269,13 @@ func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 			}
 		}
 	}
-	rec := &usageRecorder{ResponseWriter: w, strip: strip, maxAnswer: t.MaxAnswer}
+	rec := newUsageRecorder(w, strip)
 	// Deferred: a client that hangs up right after the last event makes reverse_proxy abort (it panics with
 	// http.ErrAbortHandler when a write to the client fails), and the access log is still written. When the
 	// client has gone there is nobody left to signal, so the handler returns: Caddy's server sets the logged
 	// duration only when the handler returns (caddy v2.11.9 modules/caddyhttp/server.go). Any other panic,
 	// or an abort while the client is there (a broken upstream stream), goes on.
 	defer func() {
-		rec.readAnswer() // here, not in finish: an abort skips finish
 		rec.log(r)
 		if usage, found := rec.counts(); t.ledger != nil && found {
 			t.ledger.add(key, int64(usage.prompt)+int64(usage.completion))
@@ -366,13 +330,13 @@ type usageStrip struct {
 }
 
 // withStreamUsage returns doc with "stream_options" asking for both usage forms
-// ({"include_usage": true, "continuous_usage_stats": true}) when doc asks for a stream ("stream": true),
-// and which of them the client had not asked for; doc unchanged and usageStrip{} when there is nothing
-// to add. vLLM sends the running counts only when include_usage is true too, so a client that asked for
-// continuous_usage_stats alone asked for neither. A stream_options that is neither an object nor null is
-// left for the engine to refuse.
+// ({"include_usage": true, "continuous_usage_stats": true}) when doc asks for a stream ("stream" true as
+// the engine reads a bool: engineBool), and which of them the client had not asked for; doc unchanged
+// and usageStrip{} when there is nothing to add. vLLM sends the running counts only when include_usage
+// is true too, so a client that asked for continuous_usage_stats alone asked for neither. A
+// stream_options that is neither an object nor null is left for the engine to refuse.
 func withStreamUsage(doc []byte) ([]byte, usageStrip) {
-	if stream := lastMember(doc, "stream"); stream == nil || string(stream) != "true" {
+	if stream, _ := engineBool(lastMember(doc, "stream")); !stream {
 		return doc, usageStrip{}
 	}
 	options := lastMember(doc, "stream_options")
@@ -382,9 +346,9 @@ func withStreamUsage(doc []byte) ([]byte, usageStrip) {
 	case options[0] != '{':
 		return doc, usageStrip{}
 	}
-	final := string(lastMember(options, "include_usage")) == "true"
-	running := final && string(lastMember(options, "continuous_usage_stats")) == "true"
-	if running {
+	final, _ := engineBool(lastMember(options, "include_usage"))
+	running, _ := engineBool(lastMember(options, "continuous_usage_stats"))
+	if final && running {
 		return doc, usageStrip{}
 	}
 	if !final {
@@ -397,19 +361,23 @@ func withStreamUsage(doc []byte) ([]byte, usageStrip) {
 // usageRecorder passes an answer through to the client and reads its usage on the way.
 type usageRecorder struct {
 	http.ResponseWriter
-	strip     usageStrip // what the client did not ask for, taken out of a stream
-	maxAnswer int64      // the most bytes of a JSON answer kept
+	strip usageStrip // what the client did not ask for, taken out of a stream
 
 	wroteHeader bool
 	mode        answerMode
+	scan        usageScanner // a JSON answer's top-level "usage", read as it passes
 	pending     []byte       // a stream's incomplete event
-	answer      bytes.Buffer // a JSON answer, up to maxAnswer
-	overflow    bool
-	usage       tokenCounts // the answer's own total (a JSON answer, a stream's usage-only chunk)
+	out         []byte       // the events of one Write as they go on to the client (reused)
+	joined      []byte       // an event's data lines joined (reused; vLLM writes one line)
+	usage       tokenCounts  // a stream's own total (its usage-only chunk, or response.completed)
 	found       bool
 	// a stream's running counts (continuous_usage_stats), for when it is cut before its total
 	runningPrompt int
 	running       map[int]int // choice index -> its completion tokens so far
+}
+
+func newUsageRecorder(w http.ResponseWriter, strip usageStrip) *usageRecorder {
+	return &usageRecorder{ResponseWriter: w, strip: strip}
 }
 
 type answerMode int
@@ -442,24 +410,24 @@ func (u *usageRecorder) Write(p []byte) (int, error) {
 	}
 	switch u.mode {
 	case answerJSON:
-		if !u.overflow {
-			if int64(u.answer.Len()+len(p)) > u.maxAnswer {
-				u.overflow = true
-				u.answer = bytes.Buffer{}
-			} else {
-				u.answer.Write(p)
-			}
-		}
+		u.scan.Write(p)
 	case answerEvents:
-		u.pending = append(u.pending, p...)
-		end := lastEventEnd(u.pending)
+		whole := p // events that end in p, read where they are when nothing is pending
+		if len(u.pending) > 0 {
+			u.pending = append(u.pending, p...)
+			whole = u.pending
+		}
+		end := lastEventEnd(whole)
 		if end == 0 {
+			if len(u.pending) == 0 {
+				u.pending = append(u.pending, p...)
+			}
 			return len(p), nil
 		}
-		out := u.events(u.pending[:end])
-		u.pending = append(u.pending[:0], u.pending[end:]...)
-		if len(out) > 0 {
-			if _, err := u.ResponseWriter.Write(out); err != nil {
+		u.out = u.events(u.out[:0], whole[:end])
+		u.pending = append(u.pending[:0], whole[end:]...)
+		if len(u.out) > 0 {
+			if _, err := u.ResponseWriter.Write(u.out); err != nil {
 				return 0, err
 			}
 		}
@@ -477,30 +445,29 @@ func (u *usageRecorder) Flush() {
 // Unwrap gives http.ResponseController the writer underneath for everything else.
 func (u *usageRecorder) Unwrap() http.ResponseWriter { return u.ResponseWriter }
 
-// lastEventEnd returns the index just past the last blank line ("\n\n" or "\r\n\r\n") in b, 0 if none.
+// lastEventEnd returns the index just past the last blank line ("\n\n" or "\n\r\n") in b, 0 if none.
+// It looks back from the end one line feed at a time: a write from the engine usually ends an event.
 func lastEventEnd(b []byte) int {
-	i := bytes.LastIndex(b, []byte("\n\n"))
-	j := bytes.LastIndex(b, []byte("\n\r\n"))
-	switch {
-	case i < 0 && j < 0:
-		return 0
-	case i > j:
-		return i + 2
-	default:
-		return j + 3
+	for k := len(b); k > 0; {
+		i := bytes.LastIndexByte(b[:k], '\n')
+		switch {
+		case i < 1:
+			return 0
+		case b[i-1] == '\n', i >= 2 && b[i-1] == '\r' && b[i-2] == '\n':
+			return i + 1
+		}
+		k = i
 	}
+	return 0
 }
 
-// events reads the usage from each complete event in b and returns the bytes to send on: b without the
-// usage the client did not ask for.
-func (u *usageRecorder) events(b []byte) []byte {
-	var out []byte
-	rest := b
-	for len(rest) > 0 {
+// events reads the usage from each complete event in b and appends to out the bytes to send on: b
+// without the usage the client did not ask for.
+func (u *usageRecorder) events(out, b []byte) []byte {
+	for rest := b; len(rest) > 0; {
 		end := firstEventEnd(rest)
-		event := rest[:end]
+		out = u.event(out, rest[:end])
 		rest = rest[end:]
-		out = append(out, u.event(event)...)
 	}
 	return out
 }
@@ -519,64 +486,106 @@ func firstEventEnd(b []byte) int {
 	}
 }
 
-// event reads one event's usage and returns what goes on to the client: the event, the event without
-// its chunk's "usage" (running counts the client did not ask for), or nil (a usage-only chunk it did
-// not ask for).
-func (u *usageRecorder) event(event []byte) []byte {
-	var data []byte
-	lines := 0
-	for _, line := range bytes.Split(event, []byte("\n")) {
+// eventData returns the data of one event: its "data:" lines' values (one leading space dropped)
+// joined by "\n" as the server-sent-events format joins them, in place when there is one line (as vLLM
+// writes each chunk), in buf otherwise; lines is the number of data lines, at the start of the only
+// one.
+func eventData(event, buf []byte) (data, newBuf []byte, lines, at int) {
+	for rest, offset := event, 0; len(rest) > 0; {
+		line := rest
+		next := len(rest)
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, next = rest[:i], i+1
+		}
 		line = bytes.TrimSuffix(line, []byte("\r"))
 		if payload, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			data = append(data, bytes.TrimPrefix(payload, []byte(" "))...)
+			start := offset + len("data:")
+			if len(payload) > 0 && payload[0] == ' ' {
+				payload, start = payload[1:], start+1
+			}
+			switch lines {
+			case 0:
+				data, at = payload, start
+			case 1:
+				buf = append(append(append(buf[:0], data...), '\n'), payload...)
+				data = buf
+			default:
+				buf = append(append(buf, '\n'), payload...)
+				data = buf
+			}
 			lines++
 		}
+		rest, offset = rest[next:], offset+next
 	}
-	if len(data) == 0 || data[0] != '{' {
-		return event // [DONE], comments, keep-alives
+	return data, buf, lines, at
+}
+
+// event reads one event's usage and appends to out what goes on to the client: the event, the event
+// without its chunk's "usage" (running counts the client did not ask for), or nothing (a usage-only
+// chunk it did not ask for).
+func (u *usageRecorder) event(out, event []byte) []byte {
+	data, joined, lines, at := eventData(event, u.joined)
+	u.joined = joined
+	if len(data) == 0 || data[0] != '{' || !json.Valid(data) {
+		return append(out, event...) // [DONE], comments, keep-alives
 	}
-	var chunk struct {
-		Choices *[]struct {
-			Index int `json:"index"`
-		} `json:"choices"`
-		Usage    *usageJSON `json:"usage"`
-		Type     string     `json:"type"`
-		Response *struct {
-			Usage *usageJSON `json:"usage"`
-		} `json:"response"`
+	usage := lastMember(data, "usage")
+	if typ := lastMember(data, "type"); typ != nil && isName(typ, "response.completed") {
+		if response := lastMember(data, "response"); len(response) > 0 && response[0] == '{' {
+			usage = lastMember(response, "usage")
+		}
 	}
-	if json.Unmarshal(data, &chunk) != nil {
-		return event
+	counts, ok := readUsage(usage)
+	if !ok {
+		return append(out, event...)
 	}
-	if chunk.Type == "response.completed" && chunk.Response != nil {
-		chunk.Usage = chunk.Response.Usage
+	choices := lastMember(data, "choices")
+	first := -1 // the index of the chunk's first choice; -1: none (a usage-only chunk)
+	if len(choices) > 0 && choices[0] == '[' {
+		elements(choices, func(choice []byte) bool {
+			first = 0
+			if index, ok := tokenCount(lastMemberOf(choice, "index")); ok {
+				first = index
+			}
+			return false
+		})
 	}
-	counts, ok := chunk.Usage.counts()
 	switch {
-	case !ok:
-		return event
-	case chunk.Choices != nil && len(*chunk.Choices) > 0: // a running count: this choice's tokens so far
+	case first >= 0: // a running count: this choice's tokens so far
 		if u.running == nil {
 			u.running = map[int]int{}
 		}
-		u.running[(*chunk.Choices)[0].Index] = counts.completion
+		u.running[first] = counts.completion
 		u.runningPrompt = max(u.runningPrompt, counts.prompt)
 		if u.strip.running && lines == 1 { // vLLM writes each chunk on one data line
-			return bytes.Replace(event, data, withoutMember(data, "usage"), 1)
+			out = append(out, event[:at]...)
+			out = appendWithoutMember(out, data, "usage")
+			return append(out, event[at+len(data):]...)
 		}
-		return event
+		return append(out, event...)
 	default:
 		u.usage, u.found = counts, true
-		if u.strip.final && chunk.Choices != nil {
-			return nil
+		if u.strip.final && len(choices) > 0 && choices[0] == '[' {
+			return out
 		}
-		return event
+		return append(out, event...)
 	}
+}
+
+// lastMemberOf is lastMember for a value that may not be an object (nil then).
+func lastMemberOf(value []byte, name string) []byte {
+	if len(value) == 0 || value[0] != '{' {
+		return nil
+	}
+	return lastMember(value, name)
 }
 
 // counts returns the answer's tokens: its own total, or, for a stream cut before it, the sum of its
 // running counts; false when neither was seen.
 func (u *usageRecorder) counts() (tokenCounts, bool) {
+	if u.mode == answerJSON {
+		return u.scan.usage, u.scan.found
+	}
 	if u.found || u.running == nil {
 		return u.usage, u.found
 	}
@@ -599,24 +608,6 @@ func (u *usageRecorder) finish() error {
 	return nil
 }
 
-// readAnswer reads a JSON answer's usage from the bytes of it that went to the client, when the handler
-// returns or aborts: reverse_proxy aborts when the client hangs up as soon as it has the whole answer,
-// before the upstream's end of body is read ("aborting with incomplete response", reading: context
-// canceled), and such an answer was served. A JSON answer cut short does not parse and counts nothing.
-func (u *usageRecorder) readAnswer() {
-	if u.found || u.mode != answerJSON || u.overflow || u.answer.Len() == 0 {
-		return
-	}
-	var answer struct {
-		Usage *usageJSON `json:"usage"`
-	}
-	if json.Unmarshal(u.answer.Bytes(), &answer) == nil {
-		if counts, ok := answer.Usage.counts(); ok {
-			u.usage, u.found = counts, true
-		}
-	}
-}
-
 // log puts the usage in the request's access-log entry.
 func (u *usageRecorder) log(r *http.Request) {
 	usage, found := u.counts()
@@ -633,7 +624,6 @@ func (u *usageRecorder) log(r *http.Request) {
 //
 //	token_usage [{
 //		max_size <bytes>
-//		max_answer <bytes>
 //		key <placeholder>
 //		ledger <file>
 //		tokens_per_day <n|placeholder>
@@ -651,16 +641,12 @@ func (t *TokenUsage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		value := d.Val()
 		switch option {
-		case "max_size", "max_answer":
+		case "max_size":
 			n, err := strconv.ParseInt(value, 10, 64)
 			if err != nil || n < 1 {
 				return d.Errf("%s %q must be a whole number of bytes >= 1", option, value)
 			}
-			if option == "max_size" {
-				t.MaxSize = n
-			} else {
-				t.MaxAnswer = n
-			}
+			t.MaxSize = n
 		case "key":
 			t.Key = value
 		case "ledger":
@@ -670,7 +656,7 @@ func (t *TokenUsage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "tokens_per_minute":
 			t.TokensPerMinute = value
 		default:
-			return d.Errf("unknown token_usage option %q (max_size, max_answer, key, ledger, tokens_per_day, tokens_per_minute)", option)
+			return d.Errf("unknown token_usage option %q (max_size, key, ledger, tokens_per_day, tokens_per_minute)", option)
 		}
 		if d.NextArg() {
 			return d.ArgErr()

@@ -39,14 +39,7 @@ func newUsageEngine(t *testing.T) *usageEngine {
 	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		raw, _ := io.ReadAll(r.Body)
 		e.bodies <- string(raw)
-		var req struct {
-			Stream        bool `json:"stream"`
-			StreamOptions struct {
-				IncludeUsage bool `json:"include_usage"`
-				Continuous   bool `json:"continuous_usage_stats"`
-			} `json:"stream_options"`
-		}
-		_ = json.Unmarshal(raw, &req)
+		req := engineRequest(raw)
 		usage := fmt.Sprintf(`{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}`,
 			doublePrompt, doublePrompt+doubleCompletion, doubleCompletion)
 		switch {
@@ -59,6 +52,12 @@ func newUsageEngine(t *testing.T) *usageEngine {
 			writeSlowly(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n"+
 				"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":"+
 				"{\"input_tokens\":11,\"output_tokens\":5,\"total_tokens\":16}}}\n\n")
+		case r.URL.Path == "/v1/big": // n 2 with logprobs: megabytes before the usage, written as a proxy passes it on
+			w.Header().Set("Content-Type", "application/json")
+			writeBig(w, `{"id":"c","choices":[`, `],"usage":`+usage+`}`)
+		case r.URL.Path == "/v1/big-usage-first": // the usage, then megabytes of prompt_logprobs after it
+			w.Header().Set("Content-Type", "application/json")
+			writeBig(w, `{"id":"c","usage":`+usage+`,"prompt_logprobs":[`, `]}`)
 		case r.URL.Path == "/v1/responses":
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, `{"object":"response","usage":{"input_tokens":11,"output_tokens":5,"total_tokens":16}}`)
@@ -93,6 +92,70 @@ func newUsageEngine(t *testing.T) *usageEngine {
 	}))
 	t.Cleanup(e.Close)
 	return e
+}
+
+// bigAnswerBytes is the size of the double's large answers: the 7.2 MB seen from the real engine for n 2
+// with logprobs (3,212 tokens), well past what a gateway would hold for one answer.
+const bigAnswerBytes = 7_200_000
+
+// writeBig writes head, logprob entries up to bigAnswerBytes, then tail, 32 KiB at a time.
+func writeBig(w http.ResponseWriter, head, tail string) {
+	const entry = `{"token":"\u0120word","logprob":-0.6931471805599453,"bytes":[32,119,111,114,100],"top_logprobs":[]},`
+	var b strings.Builder
+	b.WriteString(head)
+	for b.Len() < bigAnswerBytes {
+		b.WriteString(entry)
+	}
+	b.WriteString(`{"token":"}\"usage\":{\"prompt_tokens\":999}"}`) // a "usage" in a string counts nothing
+	b.WriteString(tail)
+	for s := b.String(); len(s) > 0; {
+		n := min(32<<10, len(s))
+		_, _ = io.WriteString(w, s[:n])
+		s = s[n:]
+	}
+}
+
+// engineRequest reads the members the double acts on as vLLM 0.32 does: the last of repeated names, and
+// each bool as pydantic read it when testdata/pydantic_bool.json was recorded (anything else: false).
+func engineRequest(raw []byte) (req struct {
+	Stream        bool
+	StreamOptions struct{ IncludeUsage, Continuous bool }
+}) {
+	var body, options map[string]json.RawMessage
+	if json.Unmarshal(raw, &body) != nil {
+		return req
+	}
+	_ = json.Unmarshal(body["stream_options"], &options)
+	req.Stream = pydanticBool(body["stream"])
+	req.StreamOptions.IncludeUsage = pydanticBool(options["include_usage"])
+	req.StreamOptions.Continuous = pydanticBool(options["continuous_usage_stats"])
+	return req
+}
+
+// pydanticOracle is testdata/pydantic_bool.json: a JSON value sent for a bool -> what pydantic made of it
+// (nil: refused).
+var pydanticOracle = func() map[string]*bool {
+	data, err := os.ReadFile("testdata/pydantic_bool.json")
+	if err != nil {
+		panic(err)
+	}
+	var rows []struct {
+		JSON string `json:"json"`
+		Bool *bool  `json:"bool"`
+	}
+	if err := json.Unmarshal(data, &rows); err != nil {
+		panic(err)
+	}
+	oracle := map[string]*bool{}
+	for _, row := range rows {
+		oracle[row.JSON] = row.Bool
+	}
+	return oracle
+}()
+
+func pydanticBool(raw json.RawMessage) bool {
+	b := pydanticOracle[string(raw)]
+	return b != nil && *b
 }
 
 // writeSlowly writes s in pieces of 7 bytes, flushing each, as a stream crosses the network.
@@ -269,14 +332,14 @@ func TestTokenUsageCountsOnlyServedAnswers(t *testing.T) {
 }
 
 func TestTokenUsageCaddyfile(t *testing.T) {
-	for _, bad := range []string{"token_usage extra", "token_usage {\n max_size 0\n}", "token_usage {\n max_answer x\n}",
+	for _, bad := range []string{"token_usage extra", "token_usage {\n max_size 0\n}", "token_usage {\n max_answer 20\n}",
 		"token_usage {\n colour red\n}", "token_usage {\n tokens_per_minute\n}"} {
 		if _, err := parseTokenUsage(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
 	}
-	u, err := parseTokenUsage("token_usage {\n max_size 10\n max_answer 20\n}")
-	if err != nil || u.MaxSize != 10 || u.MaxAnswer != 20 {
+	u, err := parseTokenUsage("token_usage {\n max_size 10\n}")
+	if err != nil || u.MaxSize != 10 {
 		t.Fatalf("%+v %v", u, err)
 	}
 }
@@ -482,7 +545,7 @@ type abortingProxy struct{}
 func (abortingProxy) ServeHTTP(http.ResponseWriter, *http.Request) error { panic(http.ErrAbortHandler) }
 
 func TestTokenUsageReturnsWhenTheClientHasGone(t *testing.T) {
-	handler := &TokenUsage{MaxAnswer: 1 << 20}
+	handler := &TokenUsage{}
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 	request := httptest.NewRequest(http.MethodGet, "/v1/models", nil).WithContext(gone)
@@ -512,8 +575,8 @@ func (p answeringThenAbortingProxy) ServeHTTP(w http.ResponseWriter, _ *http.Req
 }
 
 // The whole answer reached the client, so it counts (in the key's tokens and the access log, both from
-// the same counts): a client that hangs up fast does not get around a budget. Half an answer counts
-// nothing. Seen at the front gateway, whose client (httpx, curl) closes on the last byte.
+// the same counts): a client that hangs up fast does not get around a budget. An answer cut before its
+// usage counts nothing. Seen at the front gateway, whose client (httpx, curl) closes on the last byte.
 func TestTokenUsageCountsAWholeAnswerWhoseClientLeftAtOnce(t *testing.T) {
 	whole := `{"id": "chatcmpl-1", "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}}`
 	for _, c := range []struct {
@@ -521,7 +584,7 @@ func TestTokenUsageCountsAWholeAnswerWhoseClientLeftAtOnce(t *testing.T) {
 		want   int64
 	}{{whole, 5}, {whole[:40], 0}} {
 		ledger := loadLedger(filepath.Join(t.TempDir(), "tokens.json"), zap.NewNop(), time.Now)
-		handler := &TokenUsage{MaxSize: 1 << 20, MaxAnswer: 1 << 20, Key: "alice", ledger: ledger}
+		handler := &TokenUsage{MaxSize: 1 << 20, Key: "alice", ledger: ledger}
 		gone, cancel := context.WithCancel(context.WithValue(context.Background(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
 		cancel()
 		request := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
@@ -543,7 +606,7 @@ func TestRunningUsageOfACutStream(t *testing.T) {
 	chunk := func(index, completion int) string {
 		return fmt.Sprintf(`data: {"id":"c", "choices":[{"index":%d,"text":"a"}], "usage":{"prompt_tokens":9,"completion_tokens":%d}, "model":"m"}`+"\n\n", index, completion)
 	}
-	out := rec.events([]byte(chunk(0, 1) + chunk(1, 1) + chunk(0, 2) + chunk(1, 4)))
+	out := rec.events(nil, []byte(chunk(0, 1)+chunk(1, 1)+chunk(0, 2)+chunk(1, 4)))
 	if want := `data: {"id":"c","choices":[{"index":1,"text":"a"}],"model":"m"}` + "\n\n"; !strings.HasSuffix(string(out), want) ||
 		strings.Contains(string(out), "usage") {
 		t.Fatalf("sent on %q, want each chunk without its usage, ending %q", out, want)
@@ -551,7 +614,7 @@ func TestRunningUsageOfACutStream(t *testing.T) {
 	if got, found := rec.counts(); !found || got != (tokenCounts{prompt: 9, completion: 6}) {
 		t.Fatalf("cut stream counts %+v %v, want prompt 9 and completion 2+4", got, found)
 	}
-	if out := rec.events([]byte(`data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":7}}` + "\n\n")); len(out) != 0 {
+	if out := rec.events(nil, []byte(`data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":7}}`+"\n\n")); len(out) != 0 {
 		t.Fatalf("usage-only chunk sent on: %q", out)
 	}
 	if got, _ := rec.counts(); got != (tokenCounts{prompt: 9, completion: 7}) {
