@@ -45,6 +45,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 API_KEY = os.environ["FIXTURE_API_KEY"]
 TOKEN_DELAY_S = float(os.environ.get("FIXTURE_TOKEN_DELAY_S", "0.2"))
@@ -124,12 +125,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
         if self._closed_as_idle():
             return
-        if self.path == "/health":
+        path = urlsplit(self.path).path  # routed by path, a query string ignored, as vLLM's server does
+        if path == "/health":
             self._send_json(200, b"")
-        elif self.path == "/fixture/stats":
+        elif path == "/fixture/stats":
             with _lock:
                 self._send_json(200, json.dumps(_stats).encode())
-        elif self.path == "/v1/models":
+        elif path == "/v1/models":
             if self._authorized():
                 body = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "fixture"}]}
                 self._send_json(200, json.dumps(body).encode())
@@ -142,7 +144,7 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", "0"))
         request = json.loads(self.rfile.read(length) or b"{}")
         body: dict[str, Any]
-        if self.path != "/v1/chat/completions":
+        if urlsplit(self.path).path != "/v1/chat/completions":
             self._send_json(404, _openai_error("Not found", "invalid_request_error", "not_found"))
             return
         if not self._authorized():

@@ -269,12 +269,15 @@ def test_the_person_passes_the_front_on_its_key_only(tmp_path):
     """The front names each request's person to the box (X-Teamserve-Person, set from the key it checked, so a
     client's own header is replaced) and drops the box's X-Teamserve-* answers, so a client sees one set; a box
     behind a front takes the name on the front's key only, with the person's own cap and lane (rate limits and
-    budgets stay the front's), whether or not the team's keys are on the box; a lone box has no such rows."""
+    budgets stay the front's), for every user with a key, whether or not the team's keys are deployed on the
+    box (a revoked user is nobody there); a lone box has no such rows."""
     users = USERS + [{"name": "bob", "rate_limit": {"events": 60, "window": "1m"}, "lane": "batch", "max_inflight": 3},
-                     {"name": "carol", "rate_limit": {"events": 5, "window": "1m"}}]
+                     {"name": "carol", "rate_limit": {"events": 5, "window": "1m"}},
+                     {"name": "dave", "rate_limit": {"events": 5, "window": "1m"}}]  # no key: revoked, no person
     plan = {"flags": {"max-num-seqs": 8, "max-num-queued-reqs": 4, "max-model-len": 2048},
             "admission": {"user_max_inflight": 2}}
-    box_vars = {"vllm_plan": plan, "caddy_users": users, "caddy_tls_mode": "off", "caddy_front_user_key": FLEET_KEY}
+    box_vars = {"vllm_plan": plan, "caddy_users": users, "caddy_tls_mode": "off", "caddy_front_user_key": FLEET_KEY,
+                "caddy_user_keys": {"bob": "b" * 40, "carol": "c" * 40}}
     rendered = render(tmp_path, {"gpu1": box_vars, "solo": {**box_vars, "caddy_front_user_key": ""},
                                  "front": {**front_host([box(1, 8, ["m"])]), "caddy_users": users}})
     block = re.search(r"\n\t\ton_behalf_of X-Teamserve-Person teamserve-front \{\n(.*?)\n\t\t\}", rendered["gpu1"], re.S)

@@ -263,18 +263,21 @@ def caddy_users_effective(users: list, keys: Any, default_max_inflight: Any = 1,
     return sorted(result, key=lambda u: u["name"])
 
 
-def caddy_front_persons(users: list, default_max_inflight: Any = 1) -> list[dict]:
+def caddy_front_persons(users: list, keys: Any, default_max_inflight: Any = 1) -> list[dict]:
     """The persons a front gateway may name to this box (the Caddyfile's ``on_behalf_of`` rows).
 
-    Input: the (already checked) ``caddy_users`` and ``default_max_inflight`` (engine sequences;
-    caddy_user_max_inflight) for users without their own ``max_inflight``. No key is needed: only the
-    front's key may name a person, and the front has refused a revoked or unknown key already. Output: one
-    dict per user, sorted by name: ``name``, ``max_inflight`` (int engine sequences, as in
-    caddy_users_effective), ``lane`` and ``expires_epoch`` (int Unix seconds, 0 = never). Rate limits and
-    token budgets are the front's, which holds them across the fleet, so the rows carry none.
+    Input: the (already checked) ``caddy_users``, ``keys`` (caddy_user_keys: name -> key) and
+    ``default_max_inflight`` (engine sequences; caddy_user_max_inflight) for users without their own
+    ``max_inflight``. Only the front's key may name a person; a user without a key (never issued, or
+    revoked) is no person here either, whether or not the team's keys are deployed on the box. Output: one
+    dict per user with a key, sorted by name: ``name``, ``max_inflight`` (int engine sequences, as in
+    caddy_users_effective), ``lane`` and ``expires_epoch`` (int Unix seconds, 0 = never); no key. Rate
+    limits and token budgets are the front's, which holds them across the fleet, so the rows carry none.
     """
     result = []
     for user in users:
+        if _user_key(user, keys or {}) in (None, ""):
+            continue
         lane = user.get("lane") or "interactive"
         cap = user.get("max_inflight")
         expires = user.get("expires")

@@ -204,3 +204,20 @@ func unmarshalBodyReader(d *caddyfile.Dispenser, directive, example string) (str
 	}
 	return args[0], maxSize, nil
 }
+
+// refuseNotUTF8 answers a JSON body the engine would decode from UTF-16 or UTF-32 (docNotUTF8), which
+// the gateway does not read: 400 unsupported_encoding, logged as a refusal.
+func refuseNotUTF8(w http.ResponseWriter, r *http.Request) error {
+	logRefusal(r, CodeUnsupportedEncoding)
+	return writeOpenAIError(w, http.StatusBadRequest, "The request body must be JSON encoded as UTF-8.",
+		"invalid_request_error", "", CodeUnsupportedEncoding, 0)
+}
+
+// replaceDoc puts the rewritten JSON document doc in r in place of body, whose first prefix bytes (a
+// UTF-8 byte order mark, which the engine skips) it keeps.
+func replaceDoc(r *http.Request, body []byte, prefix int, doc []byte) {
+	if prefix > 0 {
+		doc = append(body[:prefix:prefix], doc...)
+	}
+	replaceBody(r, doc)
+}

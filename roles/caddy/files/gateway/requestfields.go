@@ -107,9 +107,7 @@ func (f *RequestFields) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 	doc, prefix, kind := engineJSON(body)
 	switch kind {
 	case docNotUTF8:
-		logRefusal(r, CodeUnsupportedEncoding)
-		return writeOpenAIError(w, http.StatusBadRequest, "The request body must be JSON encoded as UTF-8.",
-			"invalid_request_error", "", CodeUnsupportedEncoding, 0)
+		return refuseNotUTF8(w, r)
 	case docObject:
 	default:
 		return next.ServeHTTP(w, r)
@@ -131,10 +129,7 @@ func (f *RequestFields) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 			rewritten = withoutMember(rewritten, name)
 		}
 	}
-	if prefix > 0 { // keep the byte order mark, which the engine skips
-		rewritten = append(body[:prefix:prefix], rewritten...)
-	}
-	replaceBody(r, rewritten)
+	replaceDoc(r, body, prefix, rewritten)
 	return next.ServeHTTP(w, r)
 }
 

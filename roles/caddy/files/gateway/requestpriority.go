@@ -214,9 +214,7 @@ func (p *RequestPriority) ServeHTTP(w http.ResponseWriter, r *http.Request, next
 	doc, prefix, kind := engineJSON(body)
 	switch kind {
 	case docNotUTF8:
-		logRefusal(r, CodeUnsupportedEncoding)
-		return writeOpenAIError(w, http.StatusBadRequest, "The request body must be JSON encoded as UTF-8.",
-			"invalid_request_error", "", CodeUnsupportedEncoding, 0)
+		return refuseNotUTF8(w, r)
 	case docObject:
 		if beam, _ := engineBool(lastMember(doc, "use_beam_search")); beam && priority > 0 {
 			logRefusal(r, CodeUnsupportedField)
@@ -229,11 +227,7 @@ func (p *RequestPriority) ServeHTTP(w http.ResponseWriter, r *http.Request, next
 		if p.ReplaceOnly && !hasMember(doc, "priority") {
 			break
 		}
-		rewritten := withMember(doc, "priority", []byte(value))
-		if prefix > 0 { // keep the byte order mark, which the engine skips
-			rewritten = append(body[:prefix:prefix], rewritten...)
-		}
-		replaceBody(r, rewritten)
+		replaceDoc(r, body, prefix, withMember(doc, "priority", []byte(value)))
 	}
 	return next.ServeHTTP(w, r)
 }

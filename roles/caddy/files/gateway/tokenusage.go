@@ -261,10 +261,7 @@ func (t *TokenUsage) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 		}
 		if doc, prefix, kind := engineJSON(body); kind == docObject {
 			if rewritten, added := withStreamUsage(doc); added != (usageStrip{}) {
-				if prefix > 0 { // keep the byte order mark, which the engine skips
-					rewritten = append(body[:prefix:prefix], rewritten...)
-				}
-				replaceBody(r, rewritten)
+				replaceDoc(r, body, prefix, rewritten)
 				strip = added
 			}
 		}
