@@ -69,13 +69,16 @@ $(MONITORING_TOOLS)/versions: roles/monitoring/defaults/main.yml tests/tools/mon
 
 # The second pass runs the cases built only without -race (retry_unbuffered_test.go says why). Then a bounded
 # fuzz run of each parser of what clients send (the body's JSON) and of what the engine answers (a JSON
-# answer's usage, the event stream): GO_FUZZ_TIME each, new failures kept in testdata/fuzz/ as Go does.
+# answer's usage, the event stream): GO_FUZZ_TIME inputs each on one core (-parallel 1: it runs beside
+# molecule's first phase), new failures kept in testdata/fuzz/ as Go does. A count, not a duration: with a
+# duration, go test fails with "context deadline exceeded" when replaying the cached corpus takes longer
+# than the duration (seen with 8s and one worker), which a slow machine and a growing corpus would make red.
 GO_FUZZ_TARGETS := FuzzUsageScanner FuzzUsageEvents FuzzRequestCost FuzzWithMember
-GO_FUZZ_TIME ?= 8s
+GO_FUZZ_TIME ?= 5000x
 go-test: ## go test -race of the gateway's own Caddy modules (roles/caddy/files/gateway), then a bounded fuzz run
 	cd roles/caddy/files/gateway && go test -race -count=1 ./... && go test -count=1 -run 'WithoutRequestBuffers' ./...
 	cd roles/caddy/files/gateway && for target in $(GO_FUZZ_TARGETS); do \
-	  go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(GO_FUZZ_TIME) . | tail -20; done
+	  go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(GO_FUZZ_TIME) -parallel 1 . | tail -20; done
 
 unit: venv go-test $(MONITORING_TOOLS)/versions ## Unit tests: the planner, the roles' Python code and rules, the gateway's Go modules
 	pytest -q tests/capacity tests/unit tests/gateway tests/firewall
