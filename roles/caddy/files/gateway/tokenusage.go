@@ -526,17 +526,28 @@ func (u *usageRecorder) event(out, event []byte) []byte {
 	if len(data) == 0 || data[0] != '{' || !json.Valid(data) {
 		return append(out, event...) // [DONE], comments, keep-alives
 	}
-	usage := lastMember(data, "usage")
-	if typ := lastMember(data, "type"); typ != nil && isName(typ, "response.completed") {
-		if response := lastMember(data, "response"); len(response) > 0 && response[0] == '{' {
-			usage = lastMember(response, "usage")
+	// One walk of the chunk's members (the last of repeated names counts, as for lastMember).
+	var usage, typ, response, choices []byte
+	members(data, func(m member) {
+		value := data[m.start:m.end]
+		switch {
+		case isName(m.name, "usage"):
+			usage = value
+		case isName(m.name, "type"):
+			typ = value
+		case isName(m.name, "response"):
+			response = value
+		case isName(m.name, "choices"):
+			choices = value
 		}
+	})
+	if typ != nil && isName(typ, "response.completed") && len(response) > 0 && response[0] == '{' {
+		usage = lastMember(response, "usage")
 	}
 	counts, ok := readUsage(usage)
 	if !ok {
 		return append(out, event...)
 	}
-	choices := lastMember(data, "choices")
 	first := -1 // the index of the chunk's first choice; -1: none (a usage-only chunk)
 	if len(choices) > 0 && choices[0] == '[' {
 		elements(choices, func(choice []byte) bool {
